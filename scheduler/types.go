@@ -1,0 +1,109 @@
+// Package scheduler picks the vLLM endpoint that should serve an inference
+// request. It is plain Go with no Wasm or network dependency: the Proxy-Wasm
+// plugin, the fleet simulation and the tests all call the same code.
+//
+// A scheduling cycle works on one immutable Snapshot of endpoint metrics, so
+// every decision sees a consistent view and never touches shared state.
+package scheduler
+
+import "time"
+
+// EndpointID names a model-server pod.
+type EndpointID struct {
+	Namespace string
+	Name      string
+}
+
+func (id EndpointID) String() string {
+	if id.Namespace == "" {
+		return id.Name
+	}
+	return id.Namespace + "/" + id.Name
+}
+
+// Metrics is what the scheduler knows about one endpoint, as last scraped.
+//
+// ActiveModels and WaitingModels are kept apart (vLLM's running_lora_adapters
+// and waiting_lora_adapters): an adapter that is only waiting still has to be
+// loaded before it serves.
+type Metrics struct {
+	WaitingQueueSize int
+	RunningQueueSize int
+	// KVCacheUsage is the fraction of KV-cache blocks in use, 0..1.
+	KVCacheUsage float64
+	// ActiveModels are the LoRA adapters loaded in the running batch.
+	ActiveModels []string
+	// WaitingModels are adapters requested by queued requests.
+	WaitingModels []string
+	// MaxActiveModels is vLLM's max_loras: adapter slots per batch.
+	MaxActiveModels int
+	// UpdateTime is when these values were scraped.
+	UpdateTime time.Time
+}
+
+// HasActiveModel reports whether model is among the running adapters.
+func (m *Metrics) HasActiveModel(model string) bool { return contains(m.ActiveModels, model) }
+
+// HasWaitingModel reports whether model is among the waiting adapters.
+func (m *Metrics) HasWaitingModel(model string) bool { return contains(m.WaitingModels, model) }
+
+func contains(list []string, s string) bool {
+	for _, v := range list {
+		if v == s {
+			return true
+		}
+	}
+	return false
+}
+
+// Endpoint is one model server and its latest metrics.
+type Endpoint struct {
+	ID EndpointID
+	// Address is the pod IP (v4 or v6, without brackets).
+	Address string
+	Port    int
+	Metrics Metrics
+}
+
+// Snapshot is an immutable view of every known endpoint. Callers must not
+// modify a Snapshot (or its slices) once it is handed to the scheduler.
+type Snapshot struct {
+	Endpoints []Endpoint
+	// Time is when the snapshot was assembled.
+	Time time.Time
+}
+
+// Criticality says how important a request is; it decides shedding.
+type Criticality int
+
+const (
+	// Critical requests are never shed.
+	Critical Criticality = iota
+	// Standard requests are shed like Sheddable ones, as upstream at 264ee45a.
+	Standard
+	// Sheddable requests are dropped when no endpoint has capacity.
+	Sheddable
+)
+
+func (c Criticality) String() string {
+	switch c {
+	case Critical:
+		return "Critical"
+	case Standard:
+		return "Standard"
+	case Sheddable:
+		return "Sheddable"
+	}
+	return "Unknown"
+}
+
+// Request is what the scheduler needs to know about one inference request.
+type Request struct {
+	// Model is the model name the client asked for.
+	Model string
+	// TargetModel is the resolved base model or LoRA adapter to serve it.
+	TargetModel string
+	Criticality Criticality
+	// PrefixHashes are hashes of prompt blocks, for prefix-aware plugins.
+	PrefixHashes []uint64
+}
