@@ -1,0 +1,348 @@
+// Package config decodes and validates the wasm-epp plugin configuration: the
+// JSON document Envoy hands the plugin as its `configuration`. It is plain Go,
+// so the plugin (at start), the Envoy/Kubernetes config tests and the tools all
+// judge a configuration by the same rules.
+//
+// Decoding is strict: unknown fields are errors, every error names the JSON
+// path of the offending value, and omitted fields take documented defaults.
+package config
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"strings"
+	"time"
+)
+
+// Role selects what a plugin instance does.
+type Role string
+
+const (
+	// RoleRouter routes client requests (the default).
+	RoleRouter Role = "router"
+	// RoleReceiver accepts metrics pushes from agents into shared data.
+	RoleReceiver Role = "receiver"
+)
+
+// UnknownModelPolicy says what happens to a model not in Models.
+type UnknownModelPolicy string
+
+const (
+	// UnknownModelReject answers 404 (the default, as upstream).
+	UnknownModelReject UnknownModelPolicy = "reject"
+	// UnknownModelPassthrough schedules the request unchanged as Sheddable.
+	UnknownModelPassthrough UnknownModelPolicy = "passthrough"
+)
+
+// NoFreshEndpointPolicy says what happens when every endpoint is stale.
+type NoFreshEndpointPolicy string
+
+const (
+	// NoFreshFailOpen routes to a random endpoint of the last snapshot (the
+	// default): stale metrics are better than refusing all traffic.
+	NoFreshFailOpen NoFreshEndpointPolicy = "fail-open"
+	// NoFreshReject answers 503.
+	NoFreshReject NoFreshEndpointPolicy = "reject"
+)
+
+// Criticality names, as in upstream's InferenceModel.
+const (
+	CriticalityCritical  = "Critical"
+	CriticalityStandard  = "Standard"
+	CriticalitySheddable = "Sheddable"
+)
+
+// Defaults.
+const (
+	DefaultMaxBodyBytes        = 1 << 20
+	DefaultMaxModelNameLength  = 256
+	DefaultStaleAfter          = 2 * time.Second
+	DefaultDestinationHeader   = "x-gateway-destination-endpoint"
+	DefaultSharedDataKeyPrefix = "wasm-epp/"
+	DefaultReceiverPath        = "/wasm-epp/v1/push"
+	DefaultReceiverTokenEnv    = "WASM_EPP_PUSH_TOKEN"
+	DefaultMaxPushBytes        = 1 << 20
+	DefaultMaxEndpoints        = 1024
+)
+
+// Config is the whole plugin configuration.
+type Config struct {
+	Role Role `json:"role,omitempty"`
+
+	// Models maps requested model names to criticality and targets.
+	Models        []Model            `json:"models,omitempty"`
+	UnknownModels UnknownModelPolicy `json:"unknownModels,omitempty"`
+
+	// Scheduler is the scheduler's own configuration (profiles and plugin
+	// parameters), decoded by the scheduler package.
+	Scheduler json.RawMessage `json:"scheduler,omitempty"`
+
+	MaxBodyBytes       int `json:"maxBodyBytes,omitempty"`
+	MaxModelNameLength int `json:"maxModelNameLength,omitempty"`
+
+	// StaleAfter: endpoints whose metrics are older are not scheduled on.
+	StaleAfter          Duration              `json:"staleAfter,omitempty"`
+	WhenNoFreshEndpoint NoFreshEndpointPolicy `json:"whenNoFreshEndpoint,omitempty"`
+
+	DestinationHeader string `json:"destinationHeader,omitempty"`
+	// TargetPort, when non-zero, replaces the port reported for every
+	// endpoint (like upstream InferencePool's targetPortNumber).
+	TargetPort          int    `json:"targetPort,omitempty"`
+	SharedDataKeyPrefix string `json:"sharedDataKeyPrefix,omitempty"`
+	// ServedByHeader, when set, names a response header carrying the chosen
+	// endpoint (off by default).
+	ServedByHeader string `json:"servedByHeader,omitempty"`
+
+	Receiver Receiver `json:"receiver,omitempty"`
+}
+
+// Model is one servable model name, like upstream's InferenceModel.
+type Model struct {
+	Name        string   `json:"name"`
+	Criticality string   `json:"criticality,omitempty"`
+	Targets     []Target `json:"targets,omitempty"`
+}
+
+// Target is a model or LoRA adapter the requested name resolves to, with
+// its share of traffic.
+type Target struct {
+	Name   string `json:"name"`
+	Weight int    `json:"weight"`
+}
+
+// Receiver configures the push receiver role.
+type Receiver struct {
+	Path string `json:"path,omitempty"`
+	// TokenEnv names the VM environment variable holding the bearer token
+	// (vm_config.environment_variables, fed from a Kubernetes Secret).
+	TokenEnv     string `json:"tokenEnv,omitempty"`
+	MaxPushBytes int    `json:"maxPushBytes,omitempty"`
+	MaxEndpoints int    `json:"maxEndpoints,omitempty"`
+}
+
+// Duration is a time.Duration written as a Go duration string ("2s").
+type Duration time.Duration
+
+// UnmarshalJSON accepts a duration string such as "500ms" or "2s".
+func (d *Duration) UnmarshalJSON(b []byte) error {
+	var s string
+	if err := json.Unmarshal(b, &s); err != nil {
+		return fmt.Errorf("want a duration string such as \"2s\"")
+	}
+	v, err := time.ParseDuration(s)
+	if err != nil {
+		return fmt.Errorf("invalid duration %q", s)
+	}
+	*d = Duration(v)
+	return nil
+}
+
+// MarshalJSON writes the duration as a string.
+func (d Duration) MarshalJSON() ([]byte, error) { return json.Marshal(time.Duration(d).String()) }
+
+// Error is a configuration error at a JSON path.
+type Error struct {
+	Path string
+	Msg  string
+}
+
+func (e *Error) Error() string {
+	if e.Path == "" {
+		return "plugin configuration: " + e.Msg
+	}
+	return "plugin configuration: " + e.Path + ": " + e.Msg
+}
+
+// Decode parses and validates a configuration, filling in defaults. An empty
+// document is a valid router configuration with every default (and no
+// models, so only pass-through traffic is routed if enabled).
+func Decode(data []byte) (*Config, error) {
+	cfg := &Config{}
+	if len(bytes.TrimSpace(data)) > 0 {
+		dec := json.NewDecoder(bytes.NewReader(data))
+		dec.DisallowUnknownFields()
+		if err := dec.Decode(cfg); err != nil {
+			return nil, decodeError(err)
+		}
+		if _, err := dec.Token(); !errors.Is(err, io.EOF) {
+			return nil, &Error{Msg: "trailing data after the JSON object"}
+		}
+	}
+	cfg.applyDefaults()
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	return cfg, nil
+}
+
+func decodeError(err error) error {
+	var typeErr *json.UnmarshalTypeError
+	if errors.As(err, &typeErr) {
+		return &Error{Path: typeErr.Field, Msg: fmt.Sprintf("want %s, got JSON %s", typeErr.Type, typeErr.Value)}
+	}
+	msg := err.Error()
+	if field, ok := strings.CutPrefix(msg, "json: unknown field "); ok {
+		return &Error{Msg: "unknown field " + field}
+	}
+	return &Error{Msg: "invalid JSON: " + strings.TrimPrefix(msg, "json: ")}
+}
+
+func (c *Config) applyDefaults() {
+	if c.Role == "" {
+		c.Role = RoleRouter
+	}
+	if c.UnknownModels == "" {
+		c.UnknownModels = UnknownModelReject
+	}
+	if c.MaxBodyBytes == 0 {
+		c.MaxBodyBytes = DefaultMaxBodyBytes
+	}
+	if c.MaxModelNameLength == 0 {
+		c.MaxModelNameLength = DefaultMaxModelNameLength
+	}
+	if c.StaleAfter == 0 {
+		c.StaleAfter = Duration(DefaultStaleAfter)
+	}
+	if c.WhenNoFreshEndpoint == "" {
+		c.WhenNoFreshEndpoint = NoFreshFailOpen
+	}
+	if c.DestinationHeader == "" {
+		c.DestinationHeader = DefaultDestinationHeader
+	}
+	if c.SharedDataKeyPrefix == "" {
+		c.SharedDataKeyPrefix = DefaultSharedDataKeyPrefix
+	}
+	for i := range c.Models {
+		if c.Models[i].Criticality == "" {
+			c.Models[i].Criticality = CriticalityStandard
+		}
+	}
+	r := &c.Receiver
+	if r.Path == "" {
+		r.Path = DefaultReceiverPath
+	}
+	if r.TokenEnv == "" {
+		r.TokenEnv = DefaultReceiverTokenEnv
+	}
+	if r.MaxPushBytes == 0 {
+		r.MaxPushBytes = DefaultMaxPushBytes
+	}
+	if r.MaxEndpoints == 0 {
+		r.MaxEndpoints = DefaultMaxEndpoints
+	}
+}
+
+func (c *Config) validate() error {
+	switch c.Role {
+	case RoleRouter, RoleReceiver:
+	default:
+		return &Error{Path: "role", Msg: fmt.Sprintf("unknown role %q (want router or receiver)", c.Role)}
+	}
+	switch c.UnknownModels {
+	case UnknownModelReject, UnknownModelPassthrough:
+	default:
+		return &Error{Path: "unknownModels", Msg: fmt.Sprintf("unknown policy %q (want reject or passthrough)", c.UnknownModels)}
+	}
+	switch c.WhenNoFreshEndpoint {
+	case NoFreshFailOpen, NoFreshReject:
+	default:
+		return &Error{Path: "whenNoFreshEndpoint", Msg: fmt.Sprintf("unknown policy %q (want fail-open or reject)", c.WhenNoFreshEndpoint)}
+	}
+	if c.MaxBodyBytes < 0 || c.MaxBodyBytes > 64<<20 {
+		return &Error{Path: "maxBodyBytes", Msg: "must be in [1, 67108864]"}
+	}
+	if c.MaxModelNameLength < 0 || c.MaxModelNameLength > 4096 {
+		return &Error{Path: "maxModelNameLength", Msg: "must be in [1, 4096]"}
+	}
+	if c.StaleAfter < 0 {
+		return &Error{Path: "staleAfter", Msg: "must be positive"}
+	}
+	if c.TargetPort < 0 || c.TargetPort > 65535 {
+		return &Error{Path: "targetPort", Msg: "must be in [0, 65535] (0 keeps the reported port)"}
+	}
+	for _, h := range []struct{ path, v string }{{"destinationHeader", c.DestinationHeader}, {"servedByHeader", c.ServedByHeader}} {
+		if h.v != "" && !validHeaderName(h.v) {
+			return &Error{Path: h.path, Msg: fmt.Sprintf("%q is not a lower-case HTTP header name", h.v)}
+		}
+	}
+	seen := make(map[string]int, len(c.Models))
+	for i, m := range c.Models {
+		p := fmt.Sprintf("models[%d]", i)
+		if err := validName(m.Name, c.MaxModelNameLength); err != nil {
+			return &Error{Path: p + ".name", Msg: err.Error()}
+		}
+		if j, dup := seen[m.Name]; dup {
+			return &Error{Path: p + ".name", Msg: fmt.Sprintf("%q is already defined at models[%d]", m.Name, j)}
+		}
+		seen[m.Name] = i
+		switch m.Criticality {
+		case CriticalityCritical, CriticalityStandard, CriticalitySheddable:
+		default:
+			return &Error{Path: p + ".criticality", Msg: fmt.Sprintf("unknown criticality %q (want Critical, Standard or Sheddable)", m.Criticality)}
+		}
+		total := 0
+		targets := make(map[string]bool, len(m.Targets))
+		for j, t := range m.Targets {
+			tp := fmt.Sprintf("%s.targets[%d]", p, j)
+			if err := validName(t.Name, c.MaxModelNameLength); err != nil {
+				return &Error{Path: tp + ".name", Msg: err.Error()}
+			}
+			if targets[t.Name] {
+				return &Error{Path: tp + ".name", Msg: fmt.Sprintf("target %q listed twice", t.Name)}
+			}
+			targets[t.Name] = true
+			if t.Weight < 0 || t.Weight > 1_000_000 {
+				return &Error{Path: tp + ".weight", Msg: "must be in [0, 1000000]"}
+			}
+			total += t.Weight
+		}
+		if len(m.Targets) > 0 && total == 0 {
+			return &Error{Path: p + ".targets", Msg: "weights add up to 0: at least one target needs a positive weight"}
+		}
+	}
+	r := c.Receiver
+	if !strings.HasPrefix(r.Path, "/") {
+		return &Error{Path: "receiver.path", Msg: "must start with /"}
+	}
+	if r.MaxPushBytes < 0 || r.MaxPushBytes > 64<<20 {
+		return &Error{Path: "receiver.maxPushBytes", Msg: "must be in [1, 67108864]"}
+	}
+	if r.MaxEndpoints < 0 || r.MaxEndpoints > 65536 {
+		return &Error{Path: "receiver.maxEndpoints", Msg: "must be in [1, 65536]"}
+	}
+	return nil
+}
+
+// validName accepts what may safely travel in a body, a log line or a
+// metric label: printable, bounded, no control characters.
+func validName(s string, maxLen int) error {
+	if s == "" {
+		return errors.New("must not be empty")
+	}
+	if len(s) > maxLen {
+		return fmt.Errorf("longer than maxModelNameLength (%d bytes)", maxLen)
+	}
+	for _, r := range s {
+		if r < 0x20 || r == 0x7f || r == '\uFFFD' {
+			return fmt.Errorf("%q contains a control character or invalid UTF-8", s)
+		}
+	}
+	return nil
+}
+
+// validHeaderName accepts lower-case HTTP token characters only: Envoy keeps
+// header keys lower case, and a pseudo-header (":path") must not be set.
+func validHeaderName(h string) bool {
+	if h == "" {
+		return false
+	}
+	for _, r := range h {
+		if !(r == '-' || r == '_' || r == '.' || (r >= 'a' && r <= 'z') || (r >= '0' && r <= '9')) {
+			return false
+		}
+	}
+	return true
+}

@@ -1,0 +1,93 @@
+package config
+
+import (
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+func TestDecodeDefaults(t *testing.T) {
+	for _, doc := range []string{"", "  ", "{}"} {
+		cfg, err := Decode([]byte(doc))
+		require.NoError(t, err, "doc %q", doc)
+		assert.Equal(t, RoleRouter, cfg.Role)
+		assert.Equal(t, UnknownModelReject, cfg.UnknownModels)
+		assert.Equal(t, DefaultMaxBodyBytes, cfg.MaxBodyBytes)
+		assert.Equal(t, DefaultMaxModelNameLength, cfg.MaxModelNameLength)
+		assert.Equal(t, DefaultStaleAfter, time.Duration(cfg.StaleAfter))
+		assert.Equal(t, NoFreshFailOpen, cfg.WhenNoFreshEndpoint)
+		assert.Equal(t, DefaultDestinationHeader, cfg.DestinationHeader)
+		assert.Equal(t, DefaultSharedDataKeyPrefix, cfg.SharedDataKeyPrefix)
+		assert.Equal(t, DefaultReceiverPath, cfg.Receiver.Path)
+		assert.Equal(t, DefaultReceiverTokenEnv, cfg.Receiver.TokenEnv)
+		assert.Empty(t, cfg.ServedByHeader)
+	}
+}
+
+func TestDecodeFull(t *testing.T) {
+	cfg, err := Decode([]byte(`{
+	  "role": "router",
+	  "models": [
+	    {"name": "base", "criticality": "Critical"},
+	    {"name": "sql", "targets": [{"name": "sql-v1", "weight": 80}, {"name": "sql-v2", "weight": 20}]}
+	  ],
+	  "unknownModels": "passthrough",
+	  "scheduler": {"profile": "scoring"},
+	  "maxBodyBytes": 2048,
+	  "staleAfter": "500ms",
+	  "whenNoFreshEndpoint": "reject",
+	  "targetPort": 8000,
+	  "servedByHeader": "x-wasm-epp-endpoint",
+	  "receiver": {"path": "/push", "tokenEnv": "TOKEN"}
+	}`))
+	require.NoError(t, err)
+	assert.Equal(t, UnknownModelPassthrough, cfg.UnknownModels)
+	assert.Equal(t, 500*time.Millisecond, time.Duration(cfg.StaleAfter))
+	assert.Equal(t, NoFreshReject, cfg.WhenNoFreshEndpoint)
+	assert.Equal(t, CriticalityStandard, cfg.Models[1].Criticality, "criticality defaults to Standard")
+	assert.Equal(t, []Target{{"sql-v1", 80}, {"sql-v2", 20}}, cfg.Models[1].Targets)
+	assert.JSONEq(t, `{"profile": "scoring"}`, string(cfg.Scheduler))
+	assert.Equal(t, 8000, cfg.TargetPort)
+	assert.Equal(t, "/push", cfg.Receiver.Path)
+}
+
+func TestDecodeErrors(t *testing.T) {
+	cases := []struct {
+		name, doc, want string
+	}{
+		{"not json", `hello`, "plugin configuration: invalid JSON"},
+		{"trailing", `{} {}`, "trailing data"},
+		{"unknown field", `{"modles": []}`, `unknown field "modles"`},
+		{"wrong type", `{"maxBodyBytes": "big"}`, "maxBodyBytes: want int"},
+		{"role", `{"role": "both"}`, `role: unknown role "both"`},
+		{"unknown models", `{"unknownModels": "allow"}`, "unknownModels: unknown policy"},
+		{"no fresh", `{"whenNoFreshEndpoint": "panic"}`, "whenNoFreshEndpoint: unknown policy"},
+		{"stale", `{"staleAfter": "soon"}`, "invalid duration"},
+		{"negative stale", `{"staleAfter": "-1s"}`, "staleAfter: must be positive"},
+		{"body limit", `{"maxBodyBytes": -1}`, "maxBodyBytes: must be in"},
+		{"port", `{"targetPort": 70000}`, "targetPort: must be in"},
+		{"header", `{"destinationHeader": "X-Dest"}`, "destinationHeader: \"X-Dest\" is not a lower-case"},
+		{"pseudo header", `{"servedByHeader": ":path"}`, "servedByHeader"},
+		{"empty model", `{"models": [{"name": ""}]}`, "models[0].name: must not be empty"},
+		{"control char", `{"models": [{"name": "a\u0001b"}]}`, "models[0].name: \"a\\x01b\" contains a control character"},
+		{"long name", `{"maxModelNameLength": 3, "models": [{"name": "abcd"}]}`, "models[0].name: longer than"},
+		{"dup model", `{"models": [{"name": "a"}, {"name": "a"}]}`, `models[1].name: "a" is already defined at models[0]`},
+		{"criticality", `{"models": [{"name": "a", "criticality": "urgent"}]}`, "models[0].criticality: unknown criticality"},
+		{"weight", `{"models": [{"name": "a", "targets": [{"name": "b", "weight": -1}]}]}`, "models[0].targets[0].weight"},
+		{"zero weights", `{"models": [{"name": "a", "targets": [{"name": "b", "weight": 0}]}]}`, "models[0].targets: weights add up to 0"},
+		{"dup target", `{"models": [{"name": "a", "targets": [{"name": "b", "weight": 1}, {"name": "b", "weight": 1}]}]}`, "targets[1].name: target \"b\" listed twice"},
+		{"receiver path", `{"receiver": {"path": "push"}}`, "receiver.path: must start with /"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := Decode([]byte(tc.doc))
+			require.Error(t, err)
+			var cfgErr *Error
+			require.True(t, errors.As(err, &cfgErr), "error type %T", err)
+			assert.Contains(t, err.Error(), tc.want)
+		})
+	}
+}
