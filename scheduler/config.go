@@ -1,0 +1,379 @@
+package scheduler
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"slices"
+	"strings"
+)
+
+// Config selects and assembles scheduling profiles. Its JSON form is
+// decoded strictly by DecodeConfig; the Proxy-Wasm plugin embeds it under
+// its own "scheduler" key. Every field is optional; the zero Config means
+// the seed's decision tree for every request.
+//
+//	{
+//	  "profile": "tuned",                          // serves every criticality; default "decision-tree"
+//	  "byCriticality": {"sheddable": "scoring"},   // per-criticality override (critical, standard, sheddable)
+//	  "plugins": [                                 // plugin instances, built in this order
+//	    {"type": "decision-tree-filter", "name": "tree", "parameters": {"kvCacheThreshold": 0.7}}
+//	  ],
+//	  "profiles": {                                // user profiles; built-in names are reserved
+//	    "tuned": {"filters": ["tree"], "scorers": [], "picker": "random-picker"},
+//	    "lb":    {"filters": ["shed-filter"],
+//	              "scorers": [{"scorer": "queue-scorer", "weight": 2}, {"scorer": "kv-cache-scorer", "weight": 1}],
+//	              "picker": "max-score-picker"}
+//	  }
+//	}
+//
+// A profile references plugins by name: a plugin declared in "plugins", or
+// a registered type name, which stands for an instance of that type with
+// default parameters. A declared plugin's name defaults to its type.
+//
+// Built-in profiles (BuiltinProfiles) always exist and use default
+// parameters; to tune one, declare the plugin with parameters and a
+// profile of your own, as "tuned" above does for the decision tree.
+type Config struct {
+	Profile       string                 `json:"profile,omitempty"`
+	ByCriticality ProfileSelection       `json:"byCriticality,omitzero"`
+	Plugins       []PluginSpec           `json:"plugins,omitempty"`
+	Profiles      map[string]ProfileSpec `json:"profiles,omitempty"`
+}
+
+// ProfileSelection overrides Config.Profile per criticality; empty fields
+// fall back to Config.Profile.
+type ProfileSelection struct {
+	Critical  string `json:"critical,omitempty"`
+	Standard  string `json:"standard,omitempty"`
+	Sheddable string `json:"sheddable,omitempty"`
+}
+
+// PluginSpec declares one plugin instance.
+type PluginSpec struct {
+	Type       string          `json:"type"`
+	Name       string          `json:"name,omitempty"`
+	Parameters json.RawMessage `json:"parameters,omitempty"`
+}
+
+// ProfileSpec lists a profile's plugins by name.
+type ProfileSpec struct {
+	Filters []string    `json:"filters,omitempty"`
+	Scorers []ScorerRef `json:"scorers,omitempty"`
+	Picker  string      `json:"picker"`
+}
+
+// ScorerRef is one weighted scorer of a profile; Weight must be > 0.
+type ScorerRef struct {
+	Scorer string  `json:"scorer"`
+	Weight float64 `json:"weight"`
+}
+
+// Built-in profile names.
+const (
+	ProfileDecisionTree = "decision-tree"
+	ProfileScoring      = "scoring"
+	ProfileRandom       = "random"
+	ProfileRoundRobin   = "round-robin"
+	ProfileLeastRequest = "least-request"
+)
+
+// BuiltinProfiles returns the built-in profiles, written in the same
+// language as user profiles (references are type names, so default
+// parameters).
+//
+//   - decision-tree: the seed's algorithm (SeedTree), random among the
+//     survivors. The default.
+//   - scoring: the same ingredients as weighted scores instead of a tree.
+//     shed-filter keeps the seed's shedding (Standard/Sheddable dropped
+//     when no endpoint has capacity). Weights: lora-affinity 2, queue 1,
+//     kv-cache 1, max-score picker. LoRA affinity weighs double because a
+//     missing adapter with no free slot stalls the request until a slot
+//     frees (the most expensive mistake), while queue and KV differences
+//     are min-max/linear and already swing a full point each: with
+//     weight 2 an endpoint holding the adapter (2.0) still loses to a
+//     free-slot endpoint (1.6) once it has the longer queue, which is the
+//     seed's "spread adapters before making a hot spot" idea, and it beats
+//     an endpoint that cannot load the adapter at all (0) unless that one
+//     is far emptier on both queue and KV.
+//   - random, round-robin, least-request: classic balancers without
+//     shedding, baselines for the fleet simulation.
+func BuiltinProfiles() map[string]ProfileSpec {
+	return map[string]ProfileSpec{
+		ProfileDecisionTree: {Filters: []string{TypeDecisionTreeFilter}, Picker: TypeRandomPicker},
+		ProfileScoring: {
+			Filters: []string{TypeShedFilter},
+			Scorers: []ScorerRef{
+				{Scorer: TypeLoRAAffinityScorer, Weight: 2},
+				{Scorer: TypeQueueScorer, Weight: 1},
+				{Scorer: TypeKVCacheScorer, Weight: 1},
+			},
+			Picker: TypeMaxScorePicker,
+		},
+		ProfileRandom:       {Picker: TypeRandomPicker},
+		ProfileRoundRobin:   {Picker: TypeRoundRobinPicker},
+		ProfileLeastRequest: {Filters: []string{TypeLeastRequestFilter}, Picker: TypeRandomPicker},
+	}
+}
+
+// ConfigError is a configuration mistake at a JSON path relative to the
+// decoded document ("plugins[2].parameters.threshold"); an empty Path means
+// the document itself. Callers that embed the document prefix the path
+// with PrefixError.
+type ConfigError struct {
+	Path string
+	Msg  string
+}
+
+func (e *ConfigError) Error() string {
+	if e.Path == "" {
+		return e.Msg
+	}
+	return e.Path + ": " + e.Msg
+}
+
+func fieldErr(path, msg string) error { return &ConfigError{Path: path, Msg: msg} }
+
+// PrefixError puts prefix in front of a ConfigError's path ("scheduler" +
+// "plugins[2]" → "scheduler.plugins[2]"); other errors get "prefix: ".
+func PrefixError(prefix string, err error) error { return prefixErr(prefix, err) }
+
+func prefixErr(prefix string, err error) error {
+	if err == nil || prefix == "" {
+		return err
+	}
+	var ce *ConfigError
+	if !errors.As(err, &ce) {
+		return &ConfigError{Path: prefix, Msg: err.Error()}
+	}
+	switch {
+	case ce.Path == "":
+		return &ConfigError{Path: prefix, Msg: ce.Msg}
+	case strings.HasPrefix(ce.Path, "["):
+		return &ConfigError{Path: prefix + ce.Path, Msg: ce.Msg}
+	}
+	return &ConfigError{Path: prefix + "." + ce.Path, Msg: ce.Msg}
+}
+
+// DecodeParameters strictly decodes a plugin's raw parameters into v (a
+// pointer to a struct pre-filled with defaults). Absent or null parameters
+// leave v unchanged. Unknown fields, wrong types and trailing data are
+// *ConfigError values with paths relative to the parameters object.
+func DecodeParameters(params json.RawMessage, v any) error {
+	if isAbsent(params) {
+		return nil
+	}
+	return decodeStrict(params, v)
+}
+
+func isAbsent(data []byte) bool {
+	d := bytes.TrimSpace(data)
+	return len(d) == 0 || string(d) == "null"
+}
+
+// decodeStrict decodes exactly one JSON value into v, refusing unknown
+// fields, and turns encoding/json's errors into path-carrying ConfigErrors.
+func decodeStrict(data []byte, v any) error {
+	dec := json.NewDecoder(bytes.NewReader(data))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(v); err != nil {
+		return jsonErr(err)
+	}
+	if _, err := dec.Token(); err != io.EOF {
+		return fieldErr("", "unexpected data after the JSON value")
+	}
+	return nil
+}
+
+func jsonErr(err error) error {
+	var typeErr *json.UnmarshalTypeError
+	var syntaxErr *json.SyntaxError
+	switch {
+	case errors.As(err, &typeErr):
+		return fieldErr(typeErr.Field, fmt.Sprintf("expected %s, got JSON %s", jsonTypeName(typeErr.Type.Kind().String()), typeErr.Value))
+	case errors.As(err, &syntaxErr):
+		return fieldErr("", fmt.Sprintf("invalid JSON at byte %d: %s", syntaxErr.Offset, syntaxErr.Error()))
+	case errors.Is(err, io.EOF), errors.Is(err, io.ErrUnexpectedEOF):
+		return fieldErr("", "truncated JSON")
+	}
+	// encoding/json reports unknown fields only as text.
+	return fieldErr("", strings.TrimPrefix(err.Error(), "json: "))
+}
+
+func jsonTypeName(kind string) string {
+	switch kind {
+	case "int", "int64", "int32", "uint", "uint64":
+		return "an integer"
+	case "float64", "float32":
+		return "a number"
+	case "string":
+		return "a string"
+	case "slice", "array":
+		return "an array"
+	case "struct", "map":
+		return "an object"
+	case "bool":
+		return "a boolean"
+	}
+	return kind
+}
+
+// DecodeConfig strictly decodes a Config. Empty input or null is the zero
+// Config (the defaults). It checks everything that needs no registry:
+// unknown fields, types, required fields, duplicate plugin names, weights,
+// reserved and unknown profile names. New checks plugin types, parameters
+// and references. Errors are *ConfigError with paths relative to data.
+func DecodeConfig(data []byte) (Config, error) {
+	var cfg Config
+	if isAbsent(data) {
+		return cfg, nil
+	}
+	var top struct {
+		Profile       string                     `json:"profile"`
+		ByCriticality json.RawMessage            `json:"byCriticality"`
+		Plugins       []json.RawMessage          `json:"plugins"`
+		Profiles      map[string]json.RawMessage `json:"profiles"`
+	}
+	if err := decodeStrict(data, &top); err != nil {
+		return Config{}, err
+	}
+	cfg.Profile = top.Profile
+	if !isAbsent(top.ByCriticality) {
+		if err := decodeStrict(top.ByCriticality, &cfg.ByCriticality); err != nil {
+			return Config{}, prefixErr("byCriticality", err)
+		}
+	}
+	for i, raw := range top.Plugins {
+		var spec PluginSpec
+		if err := decodeStrict(raw, &spec); err != nil {
+			return Config{}, prefixErr(fmt.Sprintf("plugins[%d]", i), err)
+		}
+		cfg.Plugins = append(cfg.Plugins, spec)
+	}
+	if top.Profiles != nil {
+		cfg.Profiles = make(map[string]ProfileSpec, len(top.Profiles))
+	}
+	for _, name := range sortedKeys(top.Profiles) {
+		var raw struct {
+			Filters []string          `json:"filters"`
+			Scorers []json.RawMessage `json:"scorers"`
+			Picker  string            `json:"picker"`
+		}
+		path := "profiles." + name
+		if err := decodeStrict(top.Profiles[name], &raw); err != nil {
+			return Config{}, prefixErr(path, err)
+		}
+		spec := ProfileSpec{Filters: raw.Filters, Picker: raw.Picker}
+		for j, rs := range raw.Scorers {
+			var ref ScorerRef
+			if err := decodeStrict(rs, &ref); err != nil {
+				return Config{}, prefixErr(fmt.Sprintf("%s.scorers[%d]", path, j), err)
+			}
+			spec.Scorers = append(spec.Scorers, ref)
+		}
+		cfg.Profiles[name] = spec
+	}
+	if err := cfg.Validate(); err != nil {
+		return Config{}, err
+	}
+	return cfg, nil
+}
+
+// Validate checks what DecodeConfig checks after decoding; New calls it
+// too, so a Config built in Go gets the same errors.
+func (cfg *Config) Validate() error {
+	names := map[string]int{}
+	for i, p := range cfg.Plugins {
+		path := fmt.Sprintf("plugins[%d]", i)
+		if p.Type == "" {
+			return fieldErr(path+".type", "required")
+		}
+		name := p.instanceName()
+		if j, dup := names[name]; dup {
+			return fieldErr(path+".name", fmt.Sprintf("duplicate plugin name %q (also plugins[%d])", name, j))
+		}
+		names[name] = i
+	}
+	builtin := BuiltinProfiles()
+	for _, name := range sortedKeys(cfg.Profiles) {
+		path := "profiles." + name
+		if name == "" {
+			return fieldErr("profiles", "profile name must not be empty")
+		}
+		if _, reserved := builtin[name]; reserved {
+			return fieldErr(path, fmt.Sprintf("%q is a built-in profile; choose another name", name))
+		}
+		spec := cfg.Profiles[name]
+		for j, f := range spec.Filters {
+			if f == "" {
+				return fieldErr(fmt.Sprintf("%s.filters[%d]", path, j), "must not be empty")
+			}
+		}
+		for j, s := range spec.Scorers {
+			sp := fmt.Sprintf("%s.scorers[%d]", path, j)
+			if s.Scorer == "" {
+				return fieldErr(sp+".scorer", "required")
+			}
+			if !(s.Weight > 0) {
+				return fieldErr(sp+".weight", "must be > 0")
+			}
+		}
+		if spec.Picker == "" {
+			return fieldErr(path+".picker", "required")
+		}
+	}
+	for _, sel := range []struct{ path, name string }{
+		{"profile", cfg.Profile},
+		{"byCriticality.critical", cfg.ByCriticality.Critical},
+		{"byCriticality.standard", cfg.ByCriticality.Standard},
+		{"byCriticality.sheddable", cfg.ByCriticality.Sheddable},
+	} {
+		if sel.name == "" {
+			continue
+		}
+		_, user := cfg.Profiles[sel.name]
+		_, built := builtin[sel.name]
+		if !user && !built {
+			return fieldErr(sel.path, fmt.Sprintf("unknown profile %q (built-in: %s)", sel.name, strings.Join(sortedKeys(builtin), ", ")))
+		}
+	}
+	return nil
+}
+
+func (p PluginSpec) instanceName() string {
+	if p.Name != "" {
+		return p.Name
+	}
+	return p.Type
+}
+
+// profileFor returns the configured profile name for a criticality.
+func (cfg *Config) profileFor(c Criticality) string {
+	var name string
+	switch c {
+	case Critical:
+		name = cfg.ByCriticality.Critical
+	case Standard:
+		name = cfg.ByCriticality.Standard
+	case Sheddable:
+		name = cfg.ByCriticality.Sheddable
+	}
+	if name == "" {
+		name = cfg.Profile
+	}
+	if name == "" {
+		name = ProfileDecisionTree
+	}
+	return name
+}
+
+func sortedKeys[V any](m map[string]V) []string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	return keys
+}

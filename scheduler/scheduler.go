@@ -1,0 +1,494 @@
+package scheduler
+
+import (
+	crand "crypto/rand"
+	"encoding/binary"
+	"fmt"
+	"math/rand/v2"
+	"time"
+)
+
+// Options are the Scheduler's injected dependencies.
+type Options struct {
+	// Rand is the only source of randomness. Nil means a private PCG
+	// seeded once from crypto/rand (never a global source). Tests and the
+	// fleet simulation pass rand.NewPCG(seed, seq) to be reproducible.
+	Rand rand.Source
+	// Now is the clock for staleness; nil means time.Now. It is read at
+	// most once per decision, and only when StaleAfter > 0.
+	Now func() time.Time
+	// StaleAfter, when > 0, restricts every decision to endpoints whose
+	// Metrics.UpdateTime is within StaleAfter of Now. When endpoints exist
+	// but none is fresh the outcome is AllStale and nothing is scheduled:
+	// the gateway's fail-open policy decides what happens next (for
+	// example calling ScheduleFailOpen).
+	StaleAfter time.Duration
+}
+
+// Outcome is what became of a request.
+type Outcome int
+
+const (
+	// Routed: Result.Endpoint serves the request.
+	Routed Outcome = iota
+	// Dropped: a sheddable (or standard) request was shed for lack of
+	// capacity; the gateway answers 429.
+	Dropped
+	// NoEndpoint: nothing can serve the request (empty snapshot, or the
+	// profile's filters kept nothing); the gateway answers 503.
+	NoEndpoint
+	// AllStale: endpoints exist but every one's metrics are older than
+	// Options.StaleAfter; the gateway applies its fail-open policy.
+	AllStale
+)
+
+func (o Outcome) String() string {
+	switch o {
+	case Routed:
+		return "routed"
+	case Dropped:
+		return "dropped"
+	case NoEndpoint:
+		return "no-endpoint"
+	case AllStale:
+		return "all-stale"
+	}
+	return "unknown"
+}
+
+// Fixed paths, besides profile names and decision-tree routes.
+const (
+	// PathNoEndpoint: the snapshot had no endpoint at all.
+	PathNoEndpoint = "no-endpoint"
+	// PathAllStale: every endpoint was stale.
+	PathAllStale = "all-stale"
+	// PathLeastLoaded: a LeastLoaded decision.
+	PathLeastLoaded = "least-loaded"
+)
+
+// Result is one scheduling decision.
+type Result struct {
+	// Endpoint points into the snapshot's Endpoints; nil unless Routed.
+	Endpoint *Endpoint
+	Outcome  Outcome
+	// Path names how the decision was reached, for metrics and debug logs:
+	// a decision-tree route, the profile name, or one of the Path*
+	// constants. Scheduler.Paths lists every value it can take.
+	Path string
+	// Profile is the profile that ran ("" for PathNoEndpoint, PathAllStale
+	// and LeastLoaded).
+	Profile string
+	// Stale counts endpoints skipped because their metrics were stale.
+	Stale int
+}
+
+// Scheduler runs profiles over snapshots.
+//
+// A Scheduler is NOT safe for concurrent use: it reuses per-Scheduler
+// scratch buffers, its random source and stateful plugins (round-robin)
+// across calls. That fits its callers: a Proxy-Wasm VM is single-threaded
+// (one Scheduler per VM) and the fleet simulation is a single-threaded
+// event loop. Concurrent callers need one Scheduler each.
+type Scheduler struct {
+	byCriticality [3]*Profile
+	profiles      []*Profile // distinct selected profiles, in selection order
+	rand          *rand.Rand
+	now           func() time.Time
+	staleAfter    time.Duration
+	cycle         Cycle
+
+	candidates []*Endpoint
+	bufs       [2][]*Endpoint
+	scores     []float64
+	scratch    []float64
+}
+
+// New assembles a Scheduler from a configuration. reg nil means
+// NewRegistry(). Errors are *ConfigError with paths relative to the
+// configuration document.
+func New(cfg Config, reg *Registry, opts Options) (*Scheduler, error) {
+	if reg == nil {
+		reg = NewRegistry()
+	}
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if opts.StaleAfter < 0 {
+		return nil, fmt.Errorf("scheduler: Options.StaleAfter must be >= 0, got %v", opts.StaleAfter)
+	}
+	src := opts.Rand
+	if src == nil {
+		var seed [16]byte
+		_, _ = crand.Read(seed[:]) // never fails (Go 1.24+ crashes instead)
+		src = rand.NewPCG(binary.LittleEndian.Uint64(seed[:8]), binary.LittleEndian.Uint64(seed[8:]))
+	}
+	now := opts.Now
+	if now == nil {
+		now = time.Now
+	}
+	s := &Scheduler{rand: rand.New(src), now: now, staleAfter: opts.StaleAfter}
+	s.cycle.Rand, s.cycle.clock = s.rand, now
+
+	b := &builder{reg: reg, declared: map[string]Plugin{}, byType: map[string]Plugin{}}
+	for i, spec := range cfg.Plugins {
+		if err := b.declare(spec); err != nil {
+			return nil, prefixErr(fmt.Sprintf("plugins[%d]", i), err)
+		}
+	}
+	built := map[string]*Profile{}
+	for _, name := range sortedKeys(cfg.Profiles) {
+		p, err := b.profile(name, cfg.Profiles[name], true)
+		if err != nil {
+			return nil, prefixErr("profiles."+name, err)
+		}
+		built[name] = p
+	}
+	builtin := BuiltinProfiles()
+	for c := Critical; c <= Sheddable; c++ {
+		name := cfg.profileFor(c)
+		p, ok := built[name]
+		if !ok {
+			spec, isBuiltin := builtin[name]
+			if !isBuiltin {
+				return nil, fieldErr("profile", fmt.Sprintf("unknown profile %q", name))
+			}
+			var err error
+			if p, err = b.profile(name, spec, false); err != nil {
+				return nil, fmt.Errorf("scheduler: built-in profile %q: %w", name, err) // a bug, not a config error
+			}
+			built[name] = p
+		}
+		s.byCriticality[c] = p
+		if !containsProfile(s.profiles, p) {
+			s.profiles = append(s.profiles, p)
+		}
+	}
+	return s, nil
+}
+
+func containsProfile(list []*Profile, p *Profile) bool {
+	for _, q := range list {
+		if q == p {
+			return true
+		}
+	}
+	return false
+}
+
+// builder resolves plugin references while assembling a Scheduler.
+type builder struct {
+	reg      *Registry
+	declared map[string]Plugin // by instance name, from Config.Plugins
+	byType   map[string]Plugin // default-parameter instances, by type name
+}
+
+func (b *builder) declare(spec PluginSpec) error {
+	t, ok := b.reg.Lookup(spec.Type)
+	if !ok {
+		return fieldErr("type", fmt.Sprintf("unknown plugin type %q", spec.Type))
+	}
+	name := spec.instanceName()
+	if other, isType := b.reg.Lookup(name); isType && other.Type != spec.Type {
+		return fieldErr("name", fmt.Sprintf("%q is the name of plugin type %q; choose another name", name, other.Type))
+	}
+	p, err := t.New(name, spec.Parameters, b)
+	if err != nil {
+		return prefixErr("parameters", err)
+	}
+	if err := checkKind(p, t.Kind); err != nil {
+		return err
+	}
+	b.declared[name] = p
+	return nil
+}
+
+func checkKind(p Plugin, k Kind) error {
+	var ok bool
+	switch k {
+	case KindFilter:
+		_, ok = p.(Filter)
+	case KindScorer:
+		_, ok = p.(Scorer)
+	case KindPicker:
+		_, ok = p.(Picker)
+	}
+	if !ok {
+		return fieldErr("type", fmt.Sprintf("plugin %q does not implement %s", p.Name(), k))
+	}
+	return nil
+}
+
+// Plugin implements Handle: a declared instance, else a shared
+// default-parameter instance of the type with that name.
+func (b *builder) Plugin(ref string) (Plugin, error) {
+	return b.resolve(ref, true)
+}
+
+func (b *builder) resolve(ref string, allowDeclared bool) (Plugin, error) {
+	if allowDeclared {
+		if p, ok := b.declared[ref]; ok {
+			return p, nil
+		}
+	}
+	if p, ok := b.byType[ref]; ok {
+		return p, nil
+	}
+	t, ok := b.reg.Lookup(ref)
+	if !ok {
+		return nil, fieldErr("", fmt.Sprintf("unknown plugin %q (neither declared in plugins nor a registered type)", ref))
+	}
+	p, err := t.New(ref, nil, b)
+	if err != nil {
+		return nil, fieldErr("", fmt.Sprintf("plugin type %q with default parameters: %v", ref, err))
+	}
+	if err := checkKind(p, t.Kind); err != nil {
+		return nil, err
+	}
+	b.byType[ref] = p
+	return p, nil
+}
+
+func (b *builder) profile(name string, spec ProfileSpec, allowDeclared bool) (*Profile, error) {
+	p := &Profile{Name: name}
+	for i, ref := range spec.Filters {
+		path := fmt.Sprintf("filters[%d]", i)
+		pl, err := b.resolve(ref, allowDeclared)
+		if err != nil {
+			return nil, prefixErr(path, err)
+		}
+		f, ok := pl.(Filter)
+		if !ok {
+			return nil, fieldErr(path, fmt.Sprintf("%q is not a filter", ref))
+		}
+		p.Filters = append(p.Filters, f)
+	}
+	for i, ref := range spec.Scorers {
+		path := fmt.Sprintf("scorers[%d].scorer", i)
+		pl, err := b.resolve(ref.Scorer, allowDeclared)
+		if err != nil {
+			return nil, prefixErr(path, err)
+		}
+		sc, ok := pl.(Scorer)
+		if !ok {
+			return nil, fieldErr(path, fmt.Sprintf("%q is not a scorer", ref.Scorer))
+		}
+		p.Scorers = append(p.Scorers, WeightedScorer{Scorer: sc, Weight: ref.Weight})
+		p.weightSum += ref.Weight
+	}
+	pl, err := b.resolve(spec.Picker, allowDeclared)
+	if err != nil {
+		return nil, prefixErr("picker", err)
+	}
+	pk, ok := pl.(Picker)
+	if !ok {
+		return nil, fieldErr("picker", fmt.Sprintf("%q is not a picker", spec.Picker))
+	}
+	p.Picker = pk
+	return p, nil
+}
+
+// ProfileFor returns the profile that serves a criticality (unknown values
+// are served like Sheddable).
+func (s *Scheduler) ProfileFor(c Criticality) *Profile {
+	if c < Critical || c > Sheddable {
+		c = Sheddable
+	}
+	return s.byCriticality[c]
+}
+
+// Paths lists every Result.Path value this Scheduler can return, without
+// duplicates: the fixed Path* constants, then each selected profile's
+// paths. The Proxy-Wasm plugin creates one counter per path.
+func (s *Scheduler) Paths() []string {
+	paths := []string{PathNoEndpoint, PathAllStale, PathLeastLoaded}
+	seen := map[string]bool{}
+	for _, p := range paths {
+		seen[p] = true
+	}
+	for _, prof := range s.profiles {
+		for _, p := range prof.Paths() {
+			if !seen[p] {
+				seen[p] = true
+				paths = append(paths, p)
+			}
+		}
+	}
+	return paths
+}
+
+// Schedule picks the endpoint for req from snap with the profile selected
+// for req.Criticality, considering only fresh endpoints when StaleAfter is
+// set. snap must not change during the call; Result.Endpoint points into
+// it.
+func (s *Scheduler) Schedule(req *Request, snap *Snapshot) Result {
+	return s.schedule(req, snap, s.staleAfter)
+}
+
+// ScheduleFailOpen is Schedule with every endpoint counted as fresh: what
+// a fail-open policy calls after Schedule reported AllStale.
+func (s *Scheduler) ScheduleFailOpen(req *Request, snap *Snapshot) Result {
+	return s.schedule(req, snap, 0)
+}
+
+func (s *Scheduler) schedule(req *Request, snap *Snapshot, staleAfter time.Duration) Result {
+	c := &s.cycle
+	c.reset(req, snap)
+	defer c.reset(nil, nil) // do not keep the caller's request and snapshot alive
+
+	res := s.collect(c, snap, staleAfter)
+	if res.Outcome != Routed {
+		return res
+	}
+	prof := s.ProfileFor(req.Criticality)
+	res.Profile = prof.Name
+	in, free := s.candidates, 0
+	for _, f := range prof.Filters {
+		out := f.Filter(c, s.bufs[free][:0], in)
+		s.bufs[free] = out[:0]
+		in, free = out, free^1
+		if c.dropped || len(in) == 0 {
+			break
+		}
+	}
+	res.Path = prof.Name
+	if c.path != "" {
+		res.Path = c.path
+	}
+	switch {
+	case c.dropped:
+		res.Outcome = Dropped
+		return res
+	case len(in) == 0:
+		res.Outcome = NoEndpoint
+		return res
+	}
+	var scores []float64
+	if len(prof.Scorers) > 0 {
+		scores = s.score(c, prof, in)
+	}
+	i := prof.Picker.Pick(c, in, scores)
+	if i < 0 || i >= len(in) {
+		panic(fmt.Sprintf("scheduler: picker %q returned index %d of %d candidates", prof.Picker.Name(), i, len(in)))
+	}
+	res.Endpoint = in[i]
+	return res
+}
+
+// collect fills s.candidates with the fresh endpoints of snap. The
+// returned Result is Routed when there is at least one.
+func (s *Scheduler) collect(c *Cycle, snap *Snapshot, staleAfter time.Duration) Result {
+	s.candidates = s.candidates[:0]
+	var res Result
+	if staleAfter <= 0 {
+		for i := range snap.Endpoints {
+			s.candidates = append(s.candidates, &snap.Endpoints[i])
+		}
+	} else {
+		oldest := c.Now().Add(-staleAfter)
+		for i := range snap.Endpoints {
+			e := &snap.Endpoints[i]
+			if e.Metrics.UpdateTime.Before(oldest) {
+				res.Stale++
+				continue
+			}
+			s.candidates = append(s.candidates, e)
+		}
+	}
+	switch {
+	case len(snap.Endpoints) == 0:
+		res.Outcome, res.Path = NoEndpoint, PathNoEndpoint
+	case len(s.candidates) == 0:
+		res.Outcome, res.Path = AllStale, PathAllStale
+	}
+	return res
+}
+
+// score fills s.scores with the weighted mean of the profile's scorers.
+func (s *Scheduler) score(c *Cycle, prof *Profile, in []*Endpoint) []float64 {
+	n := len(in)
+	s.scores = growFloats(s.scores, n)
+	s.scratch = growFloats(s.scratch, n)
+	total, one := s.scores[:n], s.scratch[:n]
+	clear(total)
+	for _, ws := range prof.Scorers {
+		clear(one)
+		ws.Scorer.Score(c, in, one)
+		for i, v := range one {
+			total[i] += ws.Weight * clamp01(v)
+		}
+	}
+	for i := range total {
+		total[i] /= prof.weightSum
+	}
+	return total
+}
+
+func growFloats(s []float64, n int) []float64 {
+	if cap(s) < n {
+		return make([]float64, n)
+	}
+	return s[:n]
+}
+
+// LeastLoaded picks for a request that carries no body to schedule on (GET
+// /v1/models): the fresh endpoint with the fewest waiting+running requests,
+// then the lowest KV-cache usage, then at random. Its Path is
+// PathLeastLoaded.
+func (s *Scheduler) LeastLoaded(snap *Snapshot) Result {
+	return s.leastLoaded(snap, s.staleAfter)
+}
+
+// LeastLoadedFailOpen is LeastLoaded with every endpoint counted as fresh.
+func (s *Scheduler) LeastLoadedFailOpen(snap *Snapshot) Result {
+	return s.leastLoaded(snap, 0)
+}
+
+func (s *Scheduler) leastLoaded(snap *Snapshot, staleAfter time.Duration) Result {
+	c := &s.cycle
+	c.reset(&bodylessRequest, snap)
+	defer c.reset(nil, nil)
+	res := s.collect(c, snap, staleAfter)
+	if res.Outcome != Routed {
+		return res
+	}
+	res.Path = PathLeastLoaded
+	better := func(a, b *Endpoint) int { // <0 when a is less loaded
+		if d := outstanding(a) - outstanding(b); d != 0 {
+			return d
+		}
+		switch ka, kb := kvUsage(a), kvUsage(b); {
+		case ka < kb:
+			return -1
+		case ka > kb:
+			return 1
+		}
+		return 0
+	}
+	best, ties := s.candidates[0], 1
+	for _, e := range s.candidates[1:] {
+		switch d := better(e, best); {
+		case d < 0:
+			best, ties = e, 1
+		case d == 0:
+			ties++
+		}
+	}
+	if ties > 1 {
+		k := s.rand.IntN(ties)
+		for _, e := range s.candidates {
+			if better(e, best) == 0 {
+				if k == 0 {
+					best = e
+					break
+				}
+				k--
+			}
+		}
+	}
+	res.Endpoint = best
+	return res
+}
+
+// bodylessRequest stands in for the request of a LeastLoaded decision; it
+// is never modified.
+var bodylessRequest Request
