@@ -180,6 +180,10 @@ func (d *decoder) uvarint(field string) uint64 {
 		return 0
 	}
 	start := d.off
+	if start < len(d.b) && d.b[start] < 0x80 { // one byte: nearly every varint here
+		d.off++
+		return uint64(d.b[start])
+	}
 	var v uint64
 	for shift := 0; ; shift += 7 {
 		if d.off >= len(d.b) {
