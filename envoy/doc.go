@@ -1,0 +1,14 @@
+// Package envoy holds wasm-epp's Envoy bootstrap files (envoy.yaml, for a
+// local run) and the checks every wasm-epp bootstrap must pass, so that the
+// files here, the Kubernetes ConfigMap in build/ and anything else that embeds
+// a bootstrap are judged by one set of rules.
+//
+// LoadBootstrap decodes a YAML bootstrap strictly into go-control-plane's
+// Bootstrap (unknown fields are errors) and runs its generated validation,
+// including the typed configurations inside Any fields. Check then enforces
+// what wasm-epp needs from Envoy: allow_on_headers_stop_iteration on every
+// plugin, an explicit failure policy that never skips the plugin, a router and
+// a receiver sharing one vm_id and code, the ORIGINAL_DST cluster reading the
+// header the plugin writes, loopback-only admin, and plugin configurations
+// accepted by the plugin's own decoder (plugin/config).
+package envoy
