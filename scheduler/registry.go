@@ -217,11 +217,15 @@ func decodeCapacity(name string, params json.RawMessage) (*HasCapacityFilter, er
 
 // decisionTreeParams is the decision-tree-filter's "parameters": either
 // the seed's thresholds (the built-in table), or a table of its own whose
-// steps name filter plugins (declared earlier or by type).
+// steps name filter plugins (declared earlier or by type). Thresholds are
+// pointers so that giving one together with steps is detected.
 type decisionTreeParams struct {
-	TreeParams
-	Steps   []treeStepSpec `json:"steps"`
-	Entries *TreeEntries   `json:"entries"`
+	LoRAAffinityThreshold  *float64       `json:"loraAffinityThreshold"`
+	QueueingThresholdLoRA  *int           `json:"queueingThresholdLoRA"`
+	QueueThresholdCritical *int           `json:"queueThresholdCritical"`
+	KVCacheThreshold       *float64       `json:"kvCacheThreshold"`
+	Steps                  []treeStepSpec `json:"steps"`
+	Entries                *TreeEntries   `json:"entries"`
 }
 
 type treeStepSpec struct {
@@ -232,21 +236,28 @@ type treeStepSpec struct {
 }
 
 func newDecisionTreeFromParams(name string, params json.RawMessage, h Handle) (Plugin, error) {
-	p := decisionTreeParams{TreeParams: DefaultTreeParams()}
+	var p decisionTreeParams
 	if err := DecodeParameters(params, &p); err != nil {
 		return nil, err
 	}
+	hasThresholds := p.LoRAAffinityThreshold != nil || p.QueueingThresholdLoRA != nil ||
+		p.QueueThresholdCritical != nil || p.KVCacheThreshold != nil
 	if p.Steps == nil {
 		if p.Entries != nil {
 			return nil, fieldErr("entries", "only valid together with steps")
 		}
-		if err := p.TreeParams.validate(); err != nil {
+		tp := DefaultTreeParams()
+		setIf(&tp.LoRAAffinityThreshold, p.LoRAAffinityThreshold)
+		setIf(&tp.QueueingThresholdLoRA, p.QueueingThresholdLoRA)
+		setIf(&tp.QueueThresholdCritical, p.QueueThresholdCritical)
+		setIf(&tp.KVCacheThreshold, p.KVCacheThreshold)
+		if err := tp.validate(); err != nil {
 			return nil, err
 		}
-		steps, entries := SeedTree(p.TreeParams)
+		steps, entries := SeedTree(tp)
 		return NewDecisionTree(name, steps, entries)
 	}
-	if p.TreeParams != DefaultTreeParams() {
+	if hasThresholds {
 		return nil, fieldErr("steps", "thresholds configure the built-in table only; with steps, set them on the referenced filters")
 	}
 	if p.Entries == nil {
@@ -269,4 +280,10 @@ func newDecisionTreeFromParams(name string, params json.RawMessage, h Handle) (P
 		steps[i] = TreeStep{Name: s.Name, Filter: f, OnSuccess: s.OnSuccess, OnFailure: s.OnFailure}
 	}
 	return NewDecisionTree(name, steps, *p.Entries)
+}
+
+func setIf[T any](dst *T, v *T) {
+	if v != nil {
+		*dst = *v
+	}
 }

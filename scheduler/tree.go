@@ -288,6 +288,9 @@ func (t *DecisionTreeFilter) Paths() []string { return t.paths }
 func (t *DecisionTreeFilter) Steps() []TreeStep { return t.steps }
 
 func (t *DecisionTreeFilter) Filter(c *Cycle, dst, candidates []*Endpoint) []*Endpoint {
+	if len(candidates) == 0 {
+		return dst // nothing to decide; in particular no reason to shed
+	}
 	crit := c.Request.Criticality
 	if crit < Critical || crit > Sheddable {
 		crit = Sheddable // unknown importance is shed first
