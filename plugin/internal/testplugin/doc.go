@@ -45,6 +45,9 @@
 //	                               "failed" when called with no headers) in shared data
 //	                               key "testplugin/tick-call".
 //	"tick_http_call_path": "/p"
+//	"delay_done": true             on_done of the root context returns false and sets a 1 ms
+//	                               tick; that tick calls PluginDone (proxy_done) and logs
+//	                               "testplugin: plugin done" at info.
 //
 // Unknown fields or invalid JSON make on_configure return false.
 //
@@ -82,6 +85,7 @@
 //	                           from x-tp-local-reply-grpc (default -1 = none)
 //	x-tp-panic-in: CALLBACK    panic (trap) in request_headers | request_body |
 //	                           response_headers | response_body | log
+//	x-tp-trailer-add: k=v      AddHttpRequestTrailer(k, v) in on_request_trailers
 //	x-tp-resp-call: CLUSTER    on_response_headers dispatches GET / to CLUSTER and returns
 //	                           Pause; the callback sets response header
 //	                           x-tp-resp-call-status (:status of the reply, or "failed")
@@ -111,6 +115,8 @@
 //	x-tp-req-header-after-body  ok | bad_argument | ... (status of the replace above)
 //	x-tp-resp-headers-count  num_headers passed to on_response_headers
 //	x-tp-got / x-tp-got-error   see x-tp-get
+//	x-tp-req-trailers        number of request trailers seen by on_request_trailers
+//	                         (absent if it was not called)
 //
 // on_log reads request :path and response :status and logs them at info as
 // "testplugin log: path=P status=S"; on_done and on_delete only bookkeep.
@@ -134,8 +140,9 @@
 //	/tp/set-property?path=a.b&value=V  SetProperty: 200, or 500 + x-tp-error
 //	/tp/metrics           200, JSON {"requests_total", "active_streams", "ticks_total"}
 //	                      read back with get_metric (this VM's view)
-//	/tp/log               logs "testplugin level <L>" at each of the six levels; 200 with
-//	                      x-tp-log-level = GetLogLevel()
+//	/tp/log               logs "testplugin level <L>" at each of the six levels
+//	                      (trace debug info warn error critical); 200 with
+//	                      x-tp-log-level = GetLogLevel() as a name ("info", ...)
 //	/tp/stdout            writes "testplugin stdout" to os.Stdout and "testplugin stderr" to
 //	                      os.Stderr (WASI fd_write: fd 1 -> info log, fd 2 -> error log); 200
 //	/tp/env?name=N        200, body = os.Getenv(N) (WASI environ)
