@@ -1,0 +1,347 @@
+package metricsagent
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"math"
+	"slices"
+	"strconv"
+	"strings"
+
+	dto "github.com/prometheus/client_model/go"
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
+
+	"github.com/wasm-epp/wasm-epp/scheduler/wire"
+)
+
+// MetricNames are the vLLM metric families the agent reads. Every name can be
+// overridden by a flag, for model servers that expose the same semantics
+// under other names.
+type MetricNames struct {
+	// Waiting and Running are gauges of queued and running requests.
+	Waiting string
+	Running string
+	// KVUsage are gauges of the KV-cache fraction in use, in order of
+	// preference: the first family present is read. vLLM 0.9.2 renamed
+	// vllm:gpu_cache_usage_perc (v0) to vllm:kv_cache_usage_perc (v1), and
+	// versions in between expose both.
+	KVUsage []string
+	// LoRAInfo is the LoRA info gauge; empty disables LoRA reading.
+	LoRAInfo string
+}
+
+// DefaultMetricNames returns vLLM's names.
+func DefaultMetricNames() MetricNames {
+	return MetricNames{
+		Waiting:  "vllm:num_requests_waiting",
+		Running:  "vllm:num_requests_running",
+		KVUsage:  []string{"vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"},
+		LoRAInfo: "vllm:lora_requests_info",
+	}
+}
+
+// Label names of vLLM's LoRA info gauge (vllm/engine/metrics.py,
+// vllm/v1/metrics/loggers.py).
+const (
+	labelMaxLoRA         = "max_lora"
+	labelRunningAdapters = "running_lora_adapters"
+	labelWaitingAdapters = "waiting_lora_adapters"
+)
+
+// maxQueue bounds a believable queue length; larger values are a bug in the
+// model server, not load (and wire.DefaultLimits().MaxCount rejects them).
+var maxQueue = float64(wire.DefaultLimits().MaxCount)
+
+// PodMetrics is what one successful scrape yields.
+type PodMetrics struct {
+	Waiting      uint32
+	Running      uint32
+	KVCacheUsage float64
+	// ActiveAdapters and WaitingAdapters are sorted and unique; an adapter
+	// may be in both (newer vLLM lists a running adapter with queued
+	// requests as waiting too).
+	ActiveAdapters  []string
+	WaitingAdapters []string
+	// MaxAdapters is max_lora, 0 when LoRA is off.
+	MaxAdapters uint32
+}
+
+// ScrapeError is a failed scrape: Status is what the agent pushes as the
+// endpoint's last error, Err says exactly what went wrong.
+type ScrapeError struct {
+	Status wire.ScrapeStatus
+	Err    error
+}
+
+func (e *ScrapeError) Error() string { return e.Status.String() + ": " + e.Err.Error() }
+func (e *ScrapeError) Unwrap() error { return e.Err }
+
+func scrapeErr(status wire.ScrapeStatus, format string, args ...any) *ScrapeError {
+	return &ScrapeError{Status: status, Err: fmt.Errorf(format, args...)}
+}
+
+// StatusOf returns the wire status of err (ScrapeParseError for errors that
+// are not a *ScrapeError).
+func StatusOf(err error) wire.ScrapeStatus {
+	if err == nil {
+		return wire.ScrapeOK
+	}
+	var se *ScrapeError
+	if errors.As(err, &se) {
+		return se.Status
+	}
+	return wire.ScrapeParseError
+}
+
+// ParseMetrics reads a Prometheus text exposition (format 0.0.4) and
+// extracts the pod's metrics. Any problem with a family it needs fails the
+// whole parse: a partial result would mix fresh and missing values.
+//
+// Only lines of the needed families are handed to the expfmt parser: a vLLM
+// page is mostly histograms the agent never reads, and parsing them 20 times
+// a second for every pod would dominate the agent's CPU. The filter keeps
+// HELP, TYPE and sample lines whose metric name is wanted, in their order,
+// so the parser sees exactly what it would have seen of those families.
+func ParseMetrics(body []byte, names MetricNames) (PodMetrics, error) {
+	filtered := filterFamilies(body, names, make([]byte, 0, 1024))
+	parser := expfmt.NewTextParser(model.UTF8Validation)
+	fams, err := parser.TextToMetricFamilies(bytes.NewReader(filtered))
+	if err != nil {
+		return PodMetrics{}, scrapeErr(wire.ScrapeParseError, "exposition text: %w", err)
+	}
+	var m PodMetrics
+	if m.Waiting, err = queueGauge(fams, names.Waiting); err != nil {
+		return PodMetrics{}, err
+	}
+	if m.Running, err = queueGauge(fams, names.Running); err != nil {
+		return PodMetrics{}, err
+	}
+	if m.KVCacheUsage, err = kvUsage(fams, names.KVUsage); err != nil {
+		return PodMetrics{}, err
+	}
+	if names.LoRAInfo != "" {
+		if err = readLoRA(fams, names.LoRAInfo, &m); err != nil {
+			return PodMetrics{}, err
+		}
+	}
+	return m, nil
+}
+
+// gaugeFamily returns the family name, which must be a gauge. An untyped
+// family (no # TYPE line) is rejected: read as a gauge it would yield 0.
+func gaugeFamily(fams map[string]*dto.MetricFamily, name string) (*dto.MetricFamily, *ScrapeError) {
+	f, ok := fams[name]
+	if !ok || len(f.GetMetric()) == 0 {
+		return nil, scrapeErr(wire.ScrapeMissingMetric, "%s: no samples", name)
+	}
+	switch f.GetType() {
+	case dto.MetricType_GAUGE:
+		if dup := duplicateSeries(f); dup != "" {
+			return nil, scrapeErr(wire.ScrapeParseError, "%s: series {%s} appears twice", name, dup)
+		}
+		return f, nil
+	case dto.MetricType_UNTYPED:
+		return nil, scrapeErr(wire.ScrapeInvalidValue, "%s: untyped (no # TYPE line); refusing to guess", name)
+	default:
+		return nil, scrapeErr(wire.ScrapeInvalidValue, "%s: type %s, want gauge", name, strings.ToLower(f.GetType().String()))
+	}
+}
+
+// duplicateSeries returns the label set of a series that appears twice in
+// f, or "". The text parser keeps both; summing them would double count.
+func duplicateSeries(f *dto.MetricFamily) string {
+	if len(f.GetMetric()) < 2 {
+		return ""
+	}
+	seen := make(map[string]struct{}, len(f.GetMetric()))
+	var pairs []string
+	for _, m := range f.GetMetric() {
+		pairs = pairs[:0]
+		for _, lp := range m.GetLabel() {
+			pairs = append(pairs, lp.GetName()+"="+strconv.Quote(lp.GetValue()))
+		}
+		slices.Sort(pairs) // the parser keeps labels in page order
+		k := strings.Join(pairs, ",")
+		if _, ok := seen[k]; ok {
+			return k
+		}
+		seen[k] = struct{}{}
+	}
+	return ""
+}
+
+func checkFinite(name string, v float64) *ScrapeError {
+	if math.IsNaN(v) || math.IsInf(v, 0) {
+		return scrapeErr(wire.ScrapeInvalidValue, "%s: value %v", name, v)
+	}
+	return nil
+}
+
+// queueGauge sums a queue gauge over its series (one per model_name/engine
+// when a server runs several).
+func queueGauge(fams map[string]*dto.MetricFamily, name string) (uint32, error) {
+	f, err := gaugeFamily(fams, name)
+	if err != nil {
+		return 0, err
+	}
+	var sum float64
+	for _, m := range f.GetMetric() {
+		v := m.GetGauge().GetValue()
+		if err := checkFinite(name, v); err != nil {
+			return 0, err
+		}
+		if v < 0 {
+			return 0, scrapeErr(wire.ScrapeInvalidValue, "%s: negative value %v", name, v)
+		}
+		sum += v
+	}
+	if sum > maxQueue {
+		return 0, scrapeErr(wire.ScrapeInvalidValue, "%s: %v exceeds %v", name, sum, maxQueue)
+	}
+	return uint32(math.Round(sum)), nil
+}
+
+// kvUsage reads the first present family of names. With several series
+// (engines) the fullest one counts: a request lands on one engine, and the
+// fullest is the one that will refuse it first.
+func kvUsage(fams map[string]*dto.MetricFamily, names []string) (float64, error) {
+	for _, name := range names {
+		if _, ok := fams[name]; !ok {
+			continue
+		}
+		f, err := gaugeFamily(fams, name)
+		if err != nil {
+			return 0, err
+		}
+		var usage float64
+		for _, m := range f.GetMetric() {
+			v := m.GetGauge().GetValue()
+			if err := checkFinite(name, v); err != nil {
+				return 0, err
+			}
+			if v < 0 || v > 1 {
+				return 0, scrapeErr(wire.ScrapeInvalidValue, "%s: %v outside 0..1", name, v)
+			}
+			usage = max(usage, v)
+		}
+		return usage, nil
+	}
+	return 0, scrapeErr(wire.ScrapeMissingMetric, "none of %s present", strings.Join(names, ", "))
+}
+
+// readLoRA reads vLLM's LoRA info gauge. vLLM keeps every label combination
+// it ever set as its own series, with the Unix time it was set as value, so
+// the series with the largest value is the current state (as GAIE's
+// pkg/epp/backend/metrics does). A server without LoRA has no such family.
+func readLoRA(fams map[string]*dto.MetricFamily, name string, m *PodMetrics) error {
+	if _, ok := fams[name]; !ok {
+		return nil
+	}
+	f, err := gaugeFamily(fams, name)
+	if err != nil {
+		return err
+	}
+	var latest *dto.Metric
+	for _, s := range f.GetMetric() {
+		v := s.GetGauge().GetValue()
+		if err := checkFinite(name, v); err != nil {
+			return err
+		}
+		if latest == nil || v > latest.GetGauge().GetValue() {
+			latest = s
+		}
+	}
+	labels := make(map[string]string, 3)
+	for _, lp := range latest.GetLabel() {
+		labels[lp.GetName()] = lp.GetValue()
+	}
+	maxLoRA, ok := labels[labelMaxLoRA]
+	if !ok {
+		return scrapeErr(wire.ScrapeInvalidValue, "%s: no %s label", name, labelMaxLoRA)
+	}
+	n, perr := strconv.ParseUint(maxLoRA, 10, 32)
+	if perr != nil || float64(n) > maxQueue {
+		return scrapeErr(wire.ScrapeInvalidValue, "%s: %s=%q is not a small non-negative integer", name, labelMaxLoRA, maxLoRA)
+	}
+	m.MaxAdapters = uint32(n)
+	m.ActiveAdapters = splitAdapters(labels[labelRunningAdapters])
+	m.WaitingAdapters = splitAdapters(labels[labelWaitingAdapters])
+	return nil
+}
+
+// splitAdapters splits vLLM's comma-joined adapter list, sorted and unique.
+func splitAdapters(s string) []string {
+	if s == "" {
+		return nil
+	}
+	var out []string
+	for a := range strings.SplitSeq(s, ",") {
+		if a = strings.TrimSpace(a); a != "" {
+			out = append(out, a)
+		}
+	}
+	slices.Sort(out)
+	return slices.Compact(out)
+}
+
+// filterFamilies appends to dst the lines of body that belong to a wanted
+// family: "# HELP name", "# TYPE name" and samples of name. Other comments
+// and blank lines are dropped. A line whose name is quoted (the UTF-8 form)
+// is kept whole and left to the parser.
+func filterFamilies(body []byte, names MetricNames, dst []byte) []byte {
+	wanted := func(name []byte) bool {
+		s := string(name) // no allocation: the compiler optimises string(b) in comparisons
+		if s == names.Waiting || s == names.Running || (names.LoRAInfo != "" && s == names.LoRAInfo) {
+			return true
+		}
+		for _, k := range names.KVUsage {
+			if s == k {
+				return true
+			}
+		}
+		return false
+	}
+	for len(body) > 0 {
+		var line []byte
+		if i := bytes.IndexByte(body, '\n'); i >= 0 {
+			line, body = body[:i], body[i+1:]
+		} else {
+			line, body = body, nil
+		}
+		if len(line) == 0 {
+			continue
+		}
+		var name []byte
+		if line[0] == '#' {
+			rest, ok := bytes.CutPrefix(line, []byte("# HELP "))
+			if !ok {
+				if rest, ok = bytes.CutPrefix(line, []byte("# TYPE ")); !ok {
+					continue // other comments carry nothing we read
+				}
+			}
+			name = metricName(bytes.TrimLeft(rest, " \t"))
+		} else {
+			name = metricName(line)
+		}
+		if name == nil || wanted(name) {
+			dst = append(dst, line...)
+			dst = append(dst, '\n')
+		}
+	}
+	return dst
+}
+
+// metricName returns the leading metric name of s, or nil when the name is
+// quoted (left for the parser to judge).
+func metricName(s []byte) []byte {
+	if len(s) > 0 && (s[0] == '"' || s[0] == '{') {
+		return nil
+	}
+	end := bytes.IndexAny(s, "{ \t")
+	if end < 0 {
+		return s
+	}
+	return s[:end]
+}

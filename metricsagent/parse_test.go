@@ -1,0 +1,188 @@
+package metricsagent
+
+import (
+	"math"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/wasm-epp/wasm-epp/scheduler/wire"
+)
+
+func golden(t testing.TB, name string) []byte {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join("testdata", name))
+	require.NoError(t, err)
+	return b
+}
+
+func TestParseGoldenCaptures(t *testing.T) {
+	tests := []struct {
+		file string
+		want PodMetrics
+	}{
+		{"vllm-v0.6.txt", PodMetrics{
+			Waiting: 3, Running: 14, KVCacheUsage: 0.4171, MaxAdapters: 4,
+			// the series set last (largest value) wins, not the first or the longest
+			ActiveAdapters: []string{"sql-lora", "tweet-summary"}, WaitingAdapters: []string{"code-lora"},
+		}},
+		{"vllm-v1.txt", PodMetrics{
+			// only vllm:kv_cache_usage_perc (BAD-INPUTS row 23); sql-lora both running and waiting
+			Waiting: 7, Running: 31, KVCacheUsage: 0.8125, MaxAdapters: 2,
+			ActiveAdapters: []string{"fin-lora", "sql-lora"}, WaitingAdapters: []string{"sql-lora"},
+		}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.file, func(t *testing.T) {
+			got, err := ParseMetrics(golden(t, tc.file), DefaultMetricNames())
+			require.NoError(t, err)
+			assert.Equal(t, tc.want, got)
+		})
+	}
+}
+
+// page builds an exposition from the gauges given, each with TYPE gauge.
+func page(lines ...string) []byte { return []byte(strings.Join(lines, "\n") + "\n") }
+
+const (
+	waiting2 = "# TYPE vllm:num_requests_waiting gauge\nvllm:num_requests_waiting{model_name=\"m\"} 2"
+	running5 = "# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running{model_name=\"m\"} 5"
+	kvV1     = "# TYPE vllm:kv_cache_usage_perc gauge\nvllm:kv_cache_usage_perc{model_name=\"m\"} 0.5"
+)
+
+func TestParseMetrics(t *testing.T) {
+	tests := []struct {
+		name   string
+		body   []byte
+		names  MetricNames
+		want   PodMetrics
+		status wire.ScrapeStatus // ScrapeOK: success expected
+		msg    string
+	}{
+		{"minimal v1", page(waiting2, running5, kvV1), DefaultMetricNames(), PodMetrics{Waiting: 2, Running: 5, KVCacheUsage: 0.5}, wire.ScrapeOK, ""},
+		{"v0 name only", page(waiting2, running5, "# TYPE vllm:gpu_cache_usage_perc gauge", "vllm:gpu_cache_usage_perc 0.25"),
+			DefaultMetricNames(), PodMetrics{Waiting: 2, Running: 5, KVCacheUsage: 0.25}, wire.ScrapeOK, ""},
+		{"both names: v1 preferred", page(waiting2, running5, "# TYPE vllm:gpu_cache_usage_perc gauge", "vllm:gpu_cache_usage_perc 0.9", kvV1),
+			DefaultMetricNames(), PodMetrics{Waiting: 2, Running: 5, KVCacheUsage: 0.5}, wire.ScrapeOK, ""},
+		{"series summed over model_name", page(
+			"# TYPE vllm:num_requests_waiting gauge", `vllm:num_requests_waiting{model_name="a"} 2`, `vllm:num_requests_waiting{model_name="b"} 3`,
+			running5, kvV1), DefaultMetricNames(), PodMetrics{Waiting: 5, Running: 5, KVCacheUsage: 0.5}, wire.ScrapeOK, ""},
+		{"kv: fullest engine", page(waiting2, running5,
+			"# TYPE vllm:kv_cache_usage_perc gauge", `vllm:kv_cache_usage_perc{engine="0"} 0.2`, `vllm:kv_cache_usage_perc{engine="1"} 0.7`),
+			DefaultMetricNames(), PodMetrics{Waiting: 2, Running: 5, KVCacheUsage: 0.7}, wire.ScrapeOK, ""},
+		{"kv exactly 1 and 0 queues", page("# TYPE vllm:num_requests_waiting gauge", "vllm:num_requests_waiting 0", "# TYPE vllm:num_requests_running gauge", "vllm:num_requests_running 0",
+			"# TYPE vllm:kv_cache_usage_perc gauge", "vllm:kv_cache_usage_perc 1"),
+			DefaultMetricNames(), PodMetrics{KVCacheUsage: 1}, wire.ScrapeOK, ""},
+		{"renamed metrics", page("# TYPE sgl:waiting gauge", "sgl:waiting 4", "# TYPE sgl:running gauge", "sgl:running 1", "# TYPE sgl:kv gauge", "sgl:kv 0.1", waiting2),
+			MetricNames{Waiting: "sgl:waiting", Running: "sgl:running", KVUsage: []string{"sgl:kv"}},
+			PodMetrics{Waiting: 4, Running: 1, KVCacheUsage: 0.1}, wire.ScrapeOK, ""},
+		{"lora: largest value wins, spaces and duplicates cleaned", page(waiting2, running5, kvV1,
+			"# TYPE vllm:lora_requests_info gauge",
+			`vllm:lora_requests_info{max_lora="3",running_lora_adapters="z",waiting_lora_adapters=""} 1.7e9`,
+			`vllm:lora_requests_info{max_lora="3",running_lora_adapters="b, a,b",waiting_lora_adapters="c"} 1.8e9`,
+			`vllm:lora_requests_info{max_lora="3",running_lora_adapters="y",waiting_lora_adapters="x"} 1.75e9`),
+			DefaultMetricNames(), PodMetrics{Waiting: 2, Running: 5, KVCacheUsage: 0.5, MaxAdapters: 3,
+				ActiveAdapters: []string{"a", "b"}, WaitingAdapters: []string{"c"}}, wire.ScrapeOK, ""},
+		{"lora disabled by empty name", page(waiting2, running5, kvV1, "# TYPE vllm:lora_requests_info gauge", `vllm:lora_requests_info{running_lora_adapters="a"} 1`),
+			MetricNames{Waiting: "vllm:num_requests_waiting", Running: "vllm:num_requests_running", KVUsage: []string{"vllm:kv_cache_usage_perc"}},
+			PodMetrics{Waiting: 2, Running: 5, KVCacheUsage: 0.5}, wire.ScrapeOK, ""},
+
+		// BAD-INPUTS row 20
+		{"NaN queue", page("# TYPE vllm:num_requests_waiting gauge", "vllm:num_requests_waiting NaN", running5, kvV1), DefaultMetricNames(), PodMetrics{}, wire.ScrapeInvalidValue, "NaN"},
+		{"+Inf queue", page(waiting2, "# TYPE vllm:num_requests_running gauge", "vllm:num_requests_running +Inf", kvV1), DefaultMetricNames(), PodMetrics{}, wire.ScrapeInvalidValue, "+Inf"},
+		{"-Inf kv", page(waiting2, running5, "# TYPE vllm:kv_cache_usage_perc gauge", "vllm:kv_cache_usage_perc -Inf"), DefaultMetricNames(), PodMetrics{}, wire.ScrapeInvalidValue, "-Inf"},
+		{"negative queue", page("# TYPE vllm:num_requests_waiting gauge", "vllm:num_requests_waiting -1", running5, kvV1), DefaultMetricNames(), PodMetrics{}, wire.ScrapeInvalidValue, "negative"},
+		{"kv above 1", page(waiting2, running5, "# TYPE vllm:kv_cache_usage_perc gauge", "vllm:kv_cache_usage_perc 1.01"), DefaultMetricNames(), PodMetrics{}, wire.ScrapeInvalidValue, "outside 0..1"},
+		{"kv negative", page(waiting2, running5, "# TYPE vllm:kv_cache_usage_perc gauge", "vllm:kv_cache_usage_perc -0.1"), DefaultMetricNames(), PodMetrics{}, wire.ScrapeInvalidValue, "outside 0..1"},
+		{"absurd queue", page("# TYPE vllm:num_requests_waiting gauge", "vllm:num_requests_waiting 1e12", running5, kvV1), DefaultMetricNames(), PodMetrics{}, wire.ScrapeInvalidValue, "exceeds"},
+		{"lora NaN", page(waiting2, running5, kvV1, "# TYPE vllm:lora_requests_info gauge", `vllm:lora_requests_info{max_lora="1"} NaN`), DefaultMetricNames(), PodMetrics{}, wire.ScrapeInvalidValue, "NaN"},
+		{"lora without max_lora", page(waiting2, running5, kvV1, "# TYPE vllm:lora_requests_info gauge", `vllm:lora_requests_info{running_lora_adapters="a"} 1`), DefaultMetricNames(), PodMetrics{}, wire.ScrapeInvalidValue, "max_lora"},
+		{"lora max_lora not a number", page(waiting2, running5, kvV1, "# TYPE vllm:lora_requests_info gauge", `vllm:lora_requests_info{max_lora="four"} 1`), DefaultMetricNames(), PodMetrics{}, wire.ScrapeInvalidValue, "max_lora"},
+		// BAD-INPUTS row 21
+		{"untyped waiting", page("vllm:num_requests_waiting 3", running5, kvV1), DefaultMetricNames(), PodMetrics{}, wire.ScrapeInvalidValue, "untyped"},
+		{"untyped kv", page(waiting2, running5, "vllm:kv_cache_usage_perc 0.3"), DefaultMetricNames(), PodMetrics{}, wire.ScrapeInvalidValue, "untyped"},
+		{"counter instead of gauge", page("# TYPE vllm:num_requests_waiting counter", "vllm:num_requests_waiting 3", running5, kvV1), DefaultMetricNames(), PodMetrics{}, wire.ScrapeInvalidValue, "type counter"},
+		// partial pages
+		{"missing running", page(waiting2, kvV1), DefaultMetricNames(), PodMetrics{}, wire.ScrapeMissingMetric, "vllm:num_requests_running"},
+		{"missing kv", page(waiting2, running5), DefaultMetricNames(), PodMetrics{}, wire.ScrapeMissingMetric, "none of vllm:kv_cache_usage_perc, vllm:gpu_cache_usage_perc"},
+		{"TYPE without samples", page("# TYPE vllm:num_requests_waiting gauge", running5, kvV1), DefaultMetricNames(), PodMetrics{}, wire.ScrapeMissingMetric, "no samples"},
+		{"empty body", nil, DefaultMetricNames(), PodMetrics{}, wire.ScrapeMissingMetric, ""},
+		{"HTML page", []byte("<!DOCTYPE html><html><body>502 Bad Gateway</body></html>\n"), DefaultMetricNames(), PodMetrics{}, wire.ScrapeMissingMetric, ""},
+		{"garbage in a wanted line", page(waiting2, running5, "# TYPE vllm:kv_cache_usage_perc gauge", "vllm:kv_cache_usage_perc{engine=\"0\" 0.5"), DefaultMetricNames(), PodMetrics{}, wire.ScrapeParseError, "exposition text"},
+		{"duplicate series", page(waiting2, "vllm:num_requests_waiting{model_name=\"m\"} 3", running5, kvV1), DefaultMetricNames(), PodMetrics{}, wire.ScrapeParseError, "appears twice"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			got, err := ParseMetrics(tc.body, tc.names)
+			if tc.status == wire.ScrapeOK {
+				require.NoError(t, err)
+				assert.Equal(t, tc.want, got)
+				return
+			}
+			require.Error(t, err)
+			assert.Equal(t, tc.status, StatusOf(err), "%v", err)
+			assert.Contains(t, err.Error(), tc.msg)
+			assert.Equal(t, PodMetrics{}, got, "nothing partial returned")
+		})
+	}
+}
+
+func TestFilterFamiliesKeepsOnlyWantedLines(t *testing.T) {
+	in := page("# HELP vllm:num_requests_waiting Queued.", waiting2, "# some comment", "",
+		"# HELP vllm:num_requests_waiting_other x", "vllm:num_requests_waiting_other 1",
+		"vllm:num_requests_running{a=\"b\"}\t1", `{"vllm:odd name"} 1`)
+	got := string(filterFamilies(in, DefaultMetricNames(), nil))
+	assert.Equal(t, "# HELP vllm:num_requests_waiting Queued.\n"+waiting2+"\n"+"vllm:num_requests_running{a=\"b\"}\t1\n"+`{"vllm:odd name"} 1`+"\n", got)
+}
+
+func TestStatusOf(t *testing.T) {
+	assert.Equal(t, wire.ScrapeOK, StatusOf(nil))
+	assert.Equal(t, wire.ScrapeParseError, StatusOf(assert.AnError))
+	assert.Equal(t, wire.ScrapeTimeout, StatusOf(scrapeErr(wire.ScrapeTimeout, "x")))
+}
+
+// FuzzParseMetrics: any text gives either an error or metrics the wire
+// format accepts; never a panic.
+func FuzzParseMetrics(f *testing.F) {
+	f.Add(golden(f, "vllm-v0.6.txt"))
+	f.Add(golden(f, "vllm-v1.txt"))
+	f.Add(page(waiting2, running5, kvV1))
+	f.Add(page(waiting2, running5, kvV1, "# TYPE vllm:lora_requests_info gauge", `vllm:lora_requests_info{max_lora="3",running_lora_adapters="b,a",waiting_lora_adapters="c"} 1.8e9`))
+	f.Fuzz(func(t *testing.T, body []byte) {
+		m, err := ParseMetrics(body, DefaultMetricNames())
+		if err != nil {
+			require.NotEqual(t, wire.ScrapeOK, StatusOf(err))
+			return
+		}
+		require.False(t, math.IsNaN(m.KVCacheUsage))
+		require.True(t, m.KVCacheUsage >= 0 && m.KVCacheUsage <= 1)
+		require.LessOrEqual(t, m.Waiting, uint32(wire.DefaultLimits().MaxCount))
+		require.LessOrEqual(t, m.Running, uint32(wire.DefaultLimits().MaxCount))
+		for _, list := range [][]string{m.ActiveAdapters, m.WaitingAdapters} {
+			for i, a := range list {
+				require.NotEmpty(t, a)
+				require.NotContains(t, a, ",")
+				if i > 0 {
+					require.Less(t, list[i-1], a)
+				}
+			}
+		}
+	})
+}
+
+func BenchmarkParseMetrics(b *testing.B) {
+	body := golden(b, "vllm-v1.txt")
+	b.Run("filtered", func(b *testing.B) {
+		b.ReportAllocs()
+		b.SetBytes(int64(len(body)))
+		for b.Loop() {
+			if _, err := ParseMetrics(body, DefaultMetricNames()); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+}
