@@ -346,3 +346,13 @@ func validHeaderName(h string) bool {
 	}
 	return true
 }
+
+// SnapshotKey is the shared-data key holding the stored snapshot (the
+// scheduler/wire Stored encoding) that receivers write and routers read.
+func (c *Config) SnapshotKey() string { return c.SharedDataKeyPrefix + "snapshot" }
+
+// SnapshotVersionKey is the shared-data key holding an 8-byte version of the
+// stored snapshot. Routers read this small value on every request and fetch
+// and decode SnapshotKey only when it changed; receivers write it after every
+// successful merge. It is an opaque token: compare for equality only.
+func (c *Config) SnapshotVersionKey() string { return c.SharedDataKeyPrefix + "snapshot-version" }
