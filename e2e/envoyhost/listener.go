@@ -1,0 +1,212 @@
+package envoyhost
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"sort"
+	"strings"
+	"sync/atomic"
+	"time"
+)
+
+// listener is one HTTP listener with its filter chain.
+type listener struct {
+	host   *Host
+	cfg    ListenerConfig
+	plugin *Plugin
+	ln     net.Listener
+	srv    *http.Server
+	rr     atomic.Uint64
+	connID atomic.Uint64
+}
+
+func newListener(h *Host, cfg ListenerConfig, p *Plugin) *listener {
+	return &listener{host: h, cfg: cfg, plugin: p}
+}
+
+type connIDKey struct{}
+
+func (l *listener) start() error {
+	ln, err := net.Listen("tcp", l.cfg.Address)
+	if err != nil {
+		return fmt.Errorf("listener %q: %w", l.cfg.Name, err)
+	}
+	l.ln = ln
+	l.srv = &http.Server{
+		Handler:           l,
+		ReadHeaderTimeout: time.Minute,
+		ConnContext: func(ctx context.Context, _ net.Conn) context.Context {
+			return context.WithValue(ctx, connIDKey{}, l.connID.Add(1))
+		},
+	}
+	l.host.bg.Add(1)
+	go func() {
+		defer l.host.bg.Done()
+		if err := l.srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			l.host.log.Error("listener stopped", "listener", l.cfg.Name, "err", err)
+		}
+	}()
+	l.host.log.Info("listening", "listener", l.cfg.Name, "address", ln.Addr().String())
+	return nil
+}
+
+func (l *listener) stop(ctx context.Context) {
+	if l.srv != nil {
+		_ = l.srv.Shutdown(ctx)
+	}
+}
+
+// ServeHTTP runs one stream on the next worker, round robin.
+func (l *listener) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	h := l.host
+	s := &stream{
+		host:        h,
+		lis:         l,
+		w:           w,
+		r:           r,
+		plugin:      l.plugin,
+		mode:        filterSkipped,
+		events:      make(chan streamEvent, 16),
+		done:        make(chan struct{}),
+		filterState: map[string][]byte{},
+		startTime:   h.clock.Now(),
+		remoteAddr:  r.RemoteAddr,
+		routeName:   "",
+	}
+	if v, ok := r.Context().Value(connIDKey{}).(uint64); ok {
+		s.connID = v
+	}
+	if a, ok := r.Context().Value(http.LocalAddrContextKey).(net.Addr); ok {
+		s.localAddr = a.String()
+	}
+	if l.plugin != nil {
+		thread := 1 + int(l.rr.Add(1)-1)%h.cfg.Workers
+		vm, root, mode := l.plugin.contextFor(thread)
+		s.mode = mode
+		switch mode {
+		case filterActive:
+			s.vm = vm
+			vm.mu.Lock()
+			s.wctx = &wasmContext{vm: vm, id: vm.allocContextID(), parentID: root.id, root: root,
+				plugin: l.plugin, stream: s}
+			vm.contexts[s.wctx.id] = s.wctx
+			vm.mu.Unlock()
+		case filterFailed:
+			s.vm = nil
+		}
+	}
+	s.run()
+}
+
+func (s *stream) run() {
+	defer close(s.done)
+	_ = http.NewResponseController(s.w).EnableFullDuplex()
+	s.reqMap = requestHeaderMap(s.r)
+	eos := s.r.Body == nil || s.r.Body == http.NoBody || s.r.ContentLength == 0
+	if !eos {
+		s.reqPermit = make(chan struct{}, 1)
+		go s.readRequestBody()
+	}
+	s.decodeHeaders(eos)
+	s.grantRead()
+	for !s.finished {
+		select {
+		case ev := <-s.events:
+			s.handle(ev)
+		case <-s.r.Context().Done():
+			// Downstream went away: the stream is reset.
+			s.resetStream()
+		}
+	}
+	s.complete()
+	if s.reset {
+		panic(http.ErrAbortHandler)
+	}
+}
+
+func (s *stream) handle(ev streamEvent) {
+	switch ev.kind {
+	case evWake:
+		s.processPending()
+	case evReqData:
+		s.bytesReceived += int64(len(ev.data))
+		s.onRequestData(ev.data, ev.eos)
+		s.grantRead()
+	case evReqError:
+		s.resetStream()
+	case evUpHeaders:
+		if s.up != nil && ev.gen == s.up.gen {
+			s.onUpstreamHeaders(ev.resp)
+		} else {
+			ev.resp.Body.Close()
+		}
+	case evUpData:
+		if s.up != nil && ev.gen == s.up.gen {
+			s.encodeData(ev.data, ev.eos)
+			s.grantUpstreamRead()
+		}
+	case evUpError:
+		if s.up != nil && ev.gen == s.up.gen {
+			s.onUpstreamError(ev.err)
+		}
+	case evRouteTimeout:
+		if s.up != nil && ev.gen == s.up.gen {
+			s.onRouteTimeout()
+		}
+	}
+}
+
+// requestHeaderMap builds the request header map the way Envoy's HTTP/1
+// codec and connection manager present it to filters: pseudo-headers
+// :authority, :path, :method, :scheme first, then the request headers
+// lower-cased (net/http does not keep their order, so they come sorted),
+// then x-forwarded-proto and x-request-id added by the connection manager
+// when absent.
+func requestHeaderMap(r *http.Request) *HeaderMap {
+	m := NewHeaderMap(
+		Pair{":authority", r.Host},
+		Pair{":path", r.URL.RequestURI()},
+		Pair{":method", r.Method},
+		Pair{":scheme", "http"},
+	)
+	keys := make([]string, 0, len(r.Header))
+	for k := range r.Header {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	for _, k := range keys {
+		lk := strings.ToLower(k)
+		if lk == "host" || hopByHop[lk] {
+			continue
+		}
+		for _, v := range r.Header[k] {
+			m.Add(lk, v)
+		}
+	}
+	if r.ContentLength > 0 {
+		if _, ok := m.Get("content-length"); !ok {
+			m.Add("content-length", fmt.Sprint(r.ContentLength))
+		}
+	}
+	if _, ok := m.Get("x-forwarded-proto"); !ok {
+		m.Add("x-forwarded-proto", "http")
+	}
+	if _, ok := m.Get("x-request-id"); !ok {
+		m.Add("x-request-id", newUUID())
+	}
+	return m
+}
+
+func newUUID() string {
+	var b [16]byte
+	_, _ = rand.Read(b[:])
+	b[6] = b[6]&0x0f | 0x40
+	b[8] = b[8]&0x3f | 0x80
+	h := hex.EncodeToString(b[:])
+	return h[0:8] + "-" + h[8:12] + "-" + h[12:16] + "-" + h[16:20] + "-" + h[20:]
+}
