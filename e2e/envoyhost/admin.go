@@ -9,9 +9,10 @@ import (
 )
 
 // The admin listener: a small part of Envoy's admin interface.
-//   GET /stats             text stats, "name: value"
-//   GET /stats/prometheus  Prometheus text exposition
-//   GET /ready             "LIVE" once started
+//
+//	GET /stats             text stats, "name: value"
+//	GET /stats/prometheus  Prometheus text exposition
+//	GET /ready             "LIVE" once started
 func (h *Host) startAdmin() error {
 	ln, err := net.Listen("tcp", h.cfg.AdminAddress)
 	if err != nil {
