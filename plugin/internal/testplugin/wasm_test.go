@@ -128,7 +128,7 @@ func newFakeHost(t testing.TB, pluginConfig string, env ...string) *fakeHost {
 	h := &fakeHost{
 		t: t, ctx: context.Background(), root: 1, streams: map[uint32]*stream{},
 		pluginConfig: []byte(pluginConfig), shared: map[string]*shared{},
-		props: map[string][]byte{"source\x00address": []byte("10.1.2.3:4567"), "plugin_name": []byte("tp")},
+		props:     map[string][]byte{"source\x00address": []byte("10.1.2.3:4567"), "plugin_name": []byte("tp")},
 		metricIDs: map[string]uint32{},
 	}
 	h.rt = wazero.NewRuntimeWithConfig(h.ctx, wazero.NewRuntimeConfig().WithCompilationCache(compilationCache))
