@@ -6,6 +6,8 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
+	"reflect"
 	"slices"
 	"strings"
 )
@@ -65,7 +67,8 @@ type ProfileSpec struct {
 	Picker  string      `json:"picker"`
 }
 
-// ScorerRef is one weighted scorer of a profile; Weight must be > 0.
+// ScorerRef is one weighted scorer of a profile; Weight must be > 0 and
+// finite. A profile's scores are the weighted mean, so only ratios matter.
 type ScorerRef struct {
 	Scorer string  `json:"scorer"`
 	Weight float64 `json:"weight"`
@@ -173,16 +176,21 @@ func isAbsent(data []byte) bool {
 	return len(d) == 0 || string(d) == "null"
 }
 
-// decodeStrict decodes exactly one JSON value into v, refusing unknown
-// fields, and turns encoding/json's errors into path-carrying ConfigErrors.
+// decodeStrict decodes exactly one JSON value into v, refusing unknown and
+// wrongly-cased field names, and turns encoding/json's errors into
+// path-carrying ConfigErrors.
 func decodeStrict(data []byte, v any) error {
+	var generic any
+	if err := json.Unmarshal(data, &generic); err != nil {
+		return jsonErr(err)
+	}
+	if err := checkFieldNames(generic, reflect.TypeOf(v), ""); err != nil {
+		return err
+	}
 	dec := json.NewDecoder(bytes.NewReader(data))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(v); err != nil {
-		return jsonErr(err)
-	}
-	if _, err := dec.Token(); err != io.EOF {
-		return fieldErr("", "unexpected data after the JSON value")
+		return jsonErr(err) // json.Unmarshal above already refused trailing data
 	}
 	return nil
 }
@@ -237,6 +245,9 @@ func DecodeConfig(data []byte) (Config, error) {
 		Profiles      map[string]json.RawMessage `json:"profiles"`
 	}
 	if err := decodeStrict(data, &top); err != nil {
+		return Config{}, err
+	}
+	if err := checkDuplicateKeys(data); err != nil {
 		return Config{}, err
 	}
 	cfg.Profile = top.Profile
@@ -316,8 +327,8 @@ func (cfg *Config) Validate() error {
 			if s.Scorer == "" {
 				return fieldErr(sp+".scorer", "required")
 			}
-			if !(s.Weight > 0) {
-				return fieldErr(sp+".weight", "must be > 0")
+			if !(s.Weight > 0) || math.IsInf(s.Weight, 1) {
+				return fieldErr(sp+".weight", "must be > 0 and finite")
 			}
 		}
 		if spec.Picker == "" {

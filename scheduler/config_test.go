@@ -3,6 +3,7 @@ package scheduler
 import (
 	"encoding/json"
 	"errors"
+	"math"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -80,8 +81,23 @@ func TestConfigInvalid(t *testing.T) {
 		err  string // exact error text
 	}{
 		{"syntax", `{"profile": }`, "invalid JSON at byte 13: invalid character '}' looking for beginning of value"},
-		{"truncated", `{"profile": "x"`, "truncated JSON"},
-		{"trailing data", `{} {}`, "unexpected data after the JSON value"},
+		{"truncated", `{"profile": "x"`, "invalid JSON at byte 15: unexpected end of JSON input"},
+		{"trailing data", `{} {}`, "invalid JSON at byte 4: invalid character '{' after top-level value"},
+		{"field names are case-sensitive", `{"Profile": "scoring"}`, `unknown field "Profile"`},
+		{"parameter names are case-sensitive", `{"plugins": [{"type": "low-queue-filter", "parameters": {"Threshold": 3}}]}`,
+			`plugins[0].parameters: unknown field "Threshold"`},
+		{"nested unknown field has a path", `{"plugins": [{"type": "decision-tree-filter", "parameters": {
+			"steps": [{"name": "a", "filter": "least-queue-filter", "onSuccess": "done", "onFailure": "done"}],
+			"entries": {"critical": "a", "standard": "a", "Sheddable": "a"}}}]}`,
+			`plugins[0].parameters.entries: unknown field "Sheddable"`},
+		{"unknown field in a tree step", `{"plugins": [{"type": "decision-tree-filter", "parameters": {
+			"steps": [{"name": "a", "filter": "least-queue-filter", "onSuccess": "done", "onFail": "done"}]}}]}`,
+			`plugins[0].parameters.steps[0]: unknown field "onFail"`},
+		{"duplicate top-level key", `{"profile": "scoring", "plugins": [], "profile": "random"}`, `duplicate key "profile"`},
+		{"duplicate nested key", `{"plugins": [{"type": "x"}, {"type": "low-queue-filter", "parameters": {"threshold": 1, "threshold": 2}}]}`,
+			`plugins[1].parameters: duplicate key "threshold"`},
+		{"duplicate profile", `{"profiles": {"p": {"picker": "random-picker"}, "q": {"picker": "random-picker", "filters": ["a"]}, "p": {"picker": "x"}}}`,
+			`profiles: duplicate key "p"`},
 		{"unknown top-level field", `{"profil": "scoring"}`, `unknown field "profil"`},
 		{"wrong type at top", `{"plugins": {}}`, "plugins: expected an array, got JSON object"},
 		{"unknown field in byCriticality", `{"byCriticality": {"batch": "random"}}`, `byCriticality: unknown field "batch"`},
@@ -140,9 +156,9 @@ func TestConfigInvalid(t *testing.T) {
 		{"unknown field in scorer ref", `{"profiles": {"p": {"picker": "random-picker", "scorers": [{"scorer": "queue-scorer", "weight": 1, "w": 2}]}}}`,
 			`profiles.p.scorers[0]: unknown field "w"`},
 		{"zero weight", `{"profiles": {"p": {"picker": "random-picker", "scorers": [{"scorer": "queue-scorer", "weight": 0}]}}}`,
-			"profiles.p.scorers[0].weight: must be > 0"},
+			"profiles.p.scorers[0].weight: must be > 0 and finite"},
 		{"missing weight", `{"profiles": {"p": {"picker": "random-picker", "scorers": [{"scorer": "queue-scorer"}]}}}`,
-			"profiles.p.scorers[0].weight: must be > 0"},
+			"profiles.p.scorers[0].weight: must be > 0 and finite"},
 		{"unknown plugin reference", `{"profiles": {"p": {"filters": ["nope"], "picker": "random-picker"}}}`,
 			`profiles.p.filters[0]: unknown plugin "nope" (neither declared in plugins nor a registered type)`},
 		{"scorer used as filter", `{"profiles": {"p": {"filters": ["queue-scorer"], "picker": "random-picker"}}}`,
@@ -185,7 +201,9 @@ func TestConfigEmbedded(t *testing.T) {
 // simulation does) gets the same checks as decoded JSON.
 func TestConfigGoValuesValidated(t *testing.T) {
 	_, err := New(Config{Profiles: map[string]ProfileSpec{"p": {Picker: "random-picker", Scorers: []ScorerRef{{Scorer: "queue-scorer", Weight: -1}}}}}, nil, seeded(1))
-	assert.EqualError(t, err, "profiles.p.scorers[0].weight: must be > 0")
+	assert.EqualError(t, err, "profiles.p.scorers[0].weight: must be > 0 and finite")
+	_, err = New(Config{Profiles: map[string]ProfileSpec{"p": {Picker: "random-picker", Scorers: []ScorerRef{{Scorer: "queue-scorer", Weight: math.Inf(1)}}}}}, nil, seeded(1))
+	assert.EqualError(t, err, "profiles.p.scorers[0].weight: must be > 0 and finite")
 	_, err = New(Config{Profile: "nope"}, nil, seeded(1))
 	assert.ErrorContains(t, err, `profile: unknown profile "nope"`)
 	s, err := New(Config{Profile: ProfileLeastRequest}, nil, seeded(1))

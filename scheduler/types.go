@@ -1,9 +1,3 @@
-// Package scheduler picks the vLLM endpoint that should serve an inference
-// request. It is plain Go with no Wasm or network dependency: the Proxy-Wasm
-// plugin, the fleet simulation and the tests all call the same code.
-//
-// A scheduling cycle works on one immutable Snapshot of endpoint metrics, so
-// every decision sees a consistent view and never touches shared state.
 package scheduler
 
 import "time"

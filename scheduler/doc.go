@@ -1,0 +1,50 @@
+// Package scheduler picks the vLLM endpoint that should serve an inference
+// request. It is plain Go with no Wasm or network dependency: the Proxy-Wasm
+// plugin, the fleet simulation and the tests all call the same code.
+//
+// A scheduling cycle works on one immutable Snapshot of endpoint metrics, so
+// every decision sees a consistent view and never touches shared state.
+//
+// # Using it
+//
+//	cfg, err := scheduler.DecodeConfig(raw)              // raw: the "scheduler" JSON section; empty → defaults
+//	if err != nil { return scheduler.PrefixError("scheduler", err) }
+//	s, err := scheduler.New(cfg, scheduler.NewRegistry(), scheduler.Options{
+//		Rand:       rand.NewPCG(seed1, seed2), // nil: private PCG seeded from crypto/rand
+//		Now:        clock,                     // nil: time.Now
+//		StaleAfter: 2 * time.Second,           // 0: no staleness check
+//	})
+//	res := s.Schedule(&scheduler.Request{Model: m, TargetModel: t, Criticality: c}, snap)
+//	switch res.Outcome {
+//	case scheduler.Routed:     // res.Endpoint (a pointer into snap)
+//	case scheduler.Dropped:    // 429
+//	case scheduler.NoEndpoint: // 503
+//	case scheduler.AllStale:   // fail-open policy: s.ScheduleFailOpen(req, snap), or 503
+//	}
+//	s.LeastLoaded(snap) // requests without a body (GET /v1/models)
+//
+// res.Path says how the decision was reached; s.Paths() lists every value
+// it can take (the fixed Path* constants, the selected profiles' names and
+// decision-tree routes, see DecisionTreeFilter), so a metric per path has a
+// small, known label set.
+//
+// A Scheduler is not safe for concurrent use (scratch buffers, random
+// source and round-robin state are reused across calls): use one per
+// Proxy-Wasm VM or simulation loop. A decision allocates nothing.
+//
+// # Framework
+//
+// A Profile runs Filters (hard requirements, in order; keeping nothing is
+// a normal outcome), then weighted Scorers (each in [0,1]; the profile
+// takes the weighted mean), then one Picker. The profile is chosen per
+// criticality (Config.Profile, Config.ByCriticality). Plugins share
+// per-request data through Cycle.State (typed keys: NewStateKey, Put,
+// Get). A Registry lists the plugin types a configuration may name;
+// NewRegistry holds the built-ins, and Register adds more.
+//
+// Built-in profiles: "decision-tree" (the default: upstream
+// gateway-api-inference-extension's scheduler at commit 264ee45a, see
+// SeedTree), "scoring" (the same signals as weighted scores), and the
+// baselines "random", "round-robin", "least-request". Config documents the
+// JSON form.
+package scheduler
