@@ -276,8 +276,16 @@ func DispatchHttpCall(cluster string, headers [][2]string, body []byte, trailers
 // GetSharedData forwards to the SDK.
 func GetSharedData(key string) (value []byte, cas uint32, err error) { return sdk.GetSharedData(key) }
 
-// SetSharedData forwards to the SDK.
+// SetSharedData forwards to the SDK. Envoy treats cas 0 as "write
+// unconditionally" (proxy-wasm-cpp-host src/shared_data.cc: the check runs
+// only when cas != 0), while the SDK's emulator refuses cas 0 on an existing
+// key; fetching the current cas first gives plugins Envoy's semantics here.
 func SetSharedData(key string, data []byte, cas uint32) error {
+	if cas == 0 {
+		if _, current, err := sdk.GetSharedData(key); err == nil {
+			cas = current
+		}
+	}
 	return sdk.SetSharedData(key, data, cas)
 }
 

@@ -1,0 +1,241 @@
+package receiver
+
+import (
+	"encoding/json"
+	"net/netip"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"github.com/tetratelabs/proxy-wasm-go-sdk/proxywasm/proxytest"
+	"github.com/tetratelabs/proxy-wasm-go-sdk/proxywasm/types"
+
+	"github.com/wasm-epp/wasm-epp/plugin/config"
+	"github.com/wasm-epp/wasm-epp/plugin/internal/proxywasm"
+	"github.com/wasm-epp/wasm-epp/scheduler/wire"
+)
+
+const testToken = "s3cret-token"
+
+var testNow = time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC)
+
+// testVM is the smallest VM/plugin context pair that hosts a Receiver.
+type testVM struct {
+	types.DefaultVMContext
+	cfg string
+}
+
+func (vm *testVM) NewPluginContext(uint32) types.PluginContext { return &testPlugin{vm: vm} }
+
+type testPlugin struct {
+	types.DefaultPluginContext
+	vm *testVM
+	r  *Receiver
+}
+
+func (p *testPlugin) OnPluginStart(int) types.OnPluginStartStatus {
+	cfg, err := config.Decode([]byte(p.vm.cfg))
+	if err != nil {
+		return types.OnPluginStartStatusFailed
+	}
+	r, err := New(cfg, testToken)
+	if err != nil {
+		return types.OnPluginStartStatusFailed
+	}
+	r.SetClock(func() time.Time { return testNow })
+	p.r = r
+	return types.OnPluginStartStatusOK
+}
+
+func (p *testPlugin) NewHttpContext(id uint32) types.HttpContext { return p.r.NewHttpContext(id) }
+
+func newHost(t *testing.T, cfg string) proxytest.HostEmulator {
+	t.Helper()
+	opt := proxytest.NewEmulatorOption().WithVMContext(&testVM{cfg: cfg}).WithPluginConfiguration([]byte(cfg))
+	host, reset := proxytest.NewHostEmulator(opt)
+	t.Cleanup(reset)
+	require.Equal(t, types.OnPluginStartStatusOK, host.StartPlugin())
+	return host
+}
+
+func push(t *testing.T, agent string, seq uint64, names ...string) []byte {
+	t.Helper()
+	p := &wire.Push{AgentID: agent, Seq: seq, SendTime: testNow}
+	for i, n := range names {
+		p.Endpoints = append(p.Endpoints, wire.EndpointState{
+			Namespace: "ns", Name: n,
+			Address:    netip.AddrFrom4([4]byte{10, 0, 0, byte(i + 1)}),
+			Port:       8000,
+			Waiting:    uint32(i),
+			ScrapeTime: testNow,
+		})
+	}
+	wire.Normalize(p.Endpoints)
+	b, err := wire.EncodePush(p, wire.DefaultLimits())
+	require.NoError(t, err)
+	return b
+}
+
+type sent struct {
+	status  uint32
+	code    string
+	headers [][2]string
+}
+
+// send runs one push request through the receiver, the body in chunks of
+// chunk bytes (0: one chunk), and returns the local reply.
+func send(t *testing.T, host proxytest.HostEmulator, headers [][2]string, body []byte, chunk int) sent {
+	t.Helper()
+	id := host.InitializeHttpContext()
+	action := host.CallOnRequestHeaders(id, headers, len(body) == 0)
+	for len(body) > 0 && host.GetSentLocalResponse(id) == nil {
+		n := len(body)
+		if chunk > 0 && chunk < n {
+			n = chunk
+		}
+		action = host.CallOnRequestBody(id, body[:n], n == len(body))
+		body = body[n:]
+	}
+	resp := host.GetSentLocalResponse(id)
+	require.NotNil(t, resp, "no local reply (action %v)", action)
+	out := sent{status: resp.StatusCode, headers: resp.Headers}
+	if resp.StatusCode != 204 {
+		var e struct {
+			Error struct{ Message, Type, Code string }
+		}
+		require.NoError(t, json.Unmarshal(resp.Data, &e), "body %q", resp.Data)
+		assert.NotEmpty(t, e.Error.Message)
+		out.code = e.Error.Code
+	}
+	return out
+}
+
+func pushHeaders(token string, n int) [][2]string {
+	h := [][2]string{{":method", "POST"}, {":path", config.DefaultReceiverPath}, {":authority", "envoy"}}
+	if token != "" {
+		h = append(h, [2]string{"authorization", "Bearer " + token})
+	}
+	if n >= 0 {
+		h = append(h, [2]string{"content-length", strconv.Itoa(n)})
+	}
+	return h
+}
+
+func stored(t *testing.T, host proxytest.HostEmulator) (*wire.Stored, []byte) {
+	t.Helper()
+	cfg, _ := config.Decode(nil)
+	var out []byte
+	var version []byte
+	// Read through the binding, as the router does.
+	id := host.InitializeHttpContext()
+	_ = id
+	v, _, err := proxywasm.GetSharedData(cfg.SnapshotKey())
+	if err != nil {
+		return nil, nil
+	}
+	out = v
+	version, _, err = proxywasm.GetSharedData(cfg.SnapshotVersionKey())
+	require.NoError(t, err)
+	s, err := wire.DecodeStored(out, wire.DefaultLimits())
+	require.NoError(t, err)
+	return s, version
+}
+
+func TestPushAccepted(t *testing.T) {
+	host := newHost(t, `{"role":"receiver"}`)
+	body := push(t, "node-a", 1, "pod-1", "pod-2")
+	r := send(t, host, pushHeaders(testToken, len(body)), body, 7)
+	assert.Equal(t, uint32(204), r.status)
+
+	s, v1 := stored(t, host)
+	require.Len(t, s.Agents, 1)
+	assert.Equal(t, "node-a", s.Agents[0].AgentID)
+	assert.Len(t, s.Agents[0].Endpoints, 2)
+	assert.Len(t, v1, 8)
+
+	// A second agent adds to, and does not replace, the first one.
+	body = push(t, "node-b", 5, "pod-9")
+	assert.Equal(t, uint32(204), send(t, host, pushHeaders(testToken, -1), body, 0).status)
+	s, v2 := stored(t, host)
+	require.Len(t, s.Agents, 2)
+	assert.NotEqual(t, v1, v2, "the version changes with the snapshot")
+
+	// The same agent again replaces its own endpoints.
+	body = push(t, "node-a", 2, "pod-3")
+	assert.Equal(t, uint32(204), send(t, host, pushHeaders(testToken, len(body)), body, 0).status)
+	s, _ = stored(t, host)
+	require.Len(t, s.Agents, 2)
+	require.Len(t, s.Agents[0].Endpoints, 1)
+	assert.Equal(t, "pod-3", s.Agents[0].Endpoints[0].Name)
+}
+
+func TestPushRejectedWritesNothing(t *testing.T) {
+	host := newHost(t, `{"role":"receiver","receiver":{"maxPushBytes":4096,"maxEndpoints":3}}`)
+	good := push(t, "node-a", 10, "pod-1")
+	require.Equal(t, uint32(204), send(t, host, pushHeaders(testToken, len(good)), good, 0).status)
+	before, version := stored(t, host)
+
+	truncated := good[:len(good)-3]
+	badVersion := append([]byte{}, good...)
+	badVersion[2] = 99
+	tooMany := push(t, "node-a", 11, "a", "b", "c", "d")
+	huge := make([]byte, 5000)
+
+	cases := []struct {
+		name    string
+		headers [][2]string
+		body    []byte
+		status  uint32
+		code    string
+	}{
+		{"no token", pushHeaders("", len(good)), good, 401, "unauthorized"},
+		{"wrong token", pushHeaders("s3cret-tokem", len(good)), good, 401, "unauthorized"},
+		{"token prefix only", pushHeaders("s3cret", len(good)), good, 401, "unauthorized"},
+		{"wrong method", [][2]string{{":method", "GET"}, {":path", config.DefaultReceiverPath}, {"authorization", "Bearer " + testToken}}, nil, 405, "method_not_allowed"},
+		{"wrong path", [][2]string{{":method", "POST"}, {":path", "/v1/completions"}, {"authorization", "Bearer " + testToken}}, good, 404, "not_found"},
+		{"declared too large", pushHeaders(testToken, 5000), huge, 413, "too_large"},
+		{"too large without length", pushHeaders(testToken, -1), huge, 413, "too_large"},
+		{"empty", pushHeaders(testToken, 0), nil, 400, "bad_request"},
+		{"garbage", pushHeaders(testToken, 5), []byte("hello"), 400, "bad_request"},
+		{"truncated", pushHeaders(testToken, len(truncated)), truncated, 400, "bad_request"},
+		{"unknown version", pushHeaders(testToken, len(badVersion)), badVersion, 400, "bad_request"},
+		{"too many endpoints", pushHeaders(testToken, len(tooMany)), tooMany, 400, "bad_request"},
+		{"same sequence", pushHeaders(testToken, len(good)), good, 409, "stale_sequence"},
+		{"older sequence", pushHeaders(testToken, -1), push(t, "node-a", 9, "pod-2"), 409, "stale_sequence"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			r := send(t, host, tc.headers, tc.body, 0)
+			assert.Equal(t, tc.status, r.status)
+			assert.Equal(t, tc.code, r.code)
+			after, v := stored(t, host)
+			assert.Equal(t, before, after, "shared data changed")
+			assert.Equal(t, version, v, "version changed")
+		})
+	}
+}
+
+func TestUnauthorizedSaysBearer(t *testing.T) {
+	host := newHost(t, `{"role":"receiver"}`)
+	r := send(t, host, pushHeaders("", 0), nil, 0)
+	assert.Contains(t, r.headers, [2]string{"www-authenticate", `Bearer realm="wasm-epp-push"`})
+}
+
+func TestCorruptStoredSnapshotIsReplaced(t *testing.T) {
+	host := newHost(t, `{"role":"receiver"}`)
+	cfg, _ := config.Decode(nil)
+	require.NoError(t, proxywasm.SetSharedData(cfg.SnapshotKey(), []byte("not a snapshot"), 0))
+	body := push(t, "node-a", 1, "pod-1")
+	assert.Equal(t, uint32(204), send(t, host, pushHeaders(testToken, len(body)), body, 0).status)
+	s, _ := stored(t, host)
+	require.Len(t, s.Agents, 1)
+}
+
+func TestNewRefusesEmptyToken(t *testing.T) {
+	cfg, err := config.Decode([]byte(`{"role":"receiver"}`))
+	require.NoError(t, err)
+	_, err = New(cfg, "")
+	require.ErrorContains(t, err, "WASM_EPP_PUSH_TOKEN")
+}
