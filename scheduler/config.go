@@ -89,18 +89,23 @@ const (
 //
 //   - decision-tree: the seed's algorithm (SeedTree), random among the
 //     survivors. The default.
-//   - scoring: the same ingredients as weighted scores instead of a tree.
+//   - scoring: the same signals as weighted scores instead of a tree.
 //     shed-filter keeps the seed's shedding (Standard/Sheddable dropped
 //     when no endpoint has capacity). Weights: lora-affinity 2, queue 1,
-//     kv-cache 1, max-score picker. LoRA affinity weighs double because a
-//     missing adapter with no free slot stalls the request until a slot
-//     frees (the most expensive mistake), while queue and KV differences
-//     are min-max/linear and already swing a full point each: with
-//     weight 2 an endpoint holding the adapter (2.0) still loses to a
-//     free-slot endpoint (1.6) once it has the longer queue, which is the
-//     seed's "spread adapters before making a hot spot" idea, and it beats
-//     an endpoint that cannot load the adapter at all (0) unless that one
-//     is far emptier on both queue and KV.
+//     kv-cache 1; max-score picker (random among ties). LoRA affinity
+//     weighs double because sending a request to an endpoint that has
+//     neither the adapter nor a free slot stalls it until a slot frees, the
+//     costliest mistake; queue and KV are the seed's next two criteria and
+//     weigh equally as they do there (least-queue, then least-KV). The
+//     queue score is min-max normalised over the candidates, so the
+//     shortest queue scores 1 and the longest 0 however small the gap: an
+//     endpoint holding the adapter but with the longest queue (2+0+kv)
+//     loses to a free-slot endpoint with the shortest (1.6+1+kv), the
+//     seed's "spread adapters before making a hot spot"; yet it beats an
+//     endpoint that cannot load the adapter (0+1+kv) unless that one's KV
+//     cache is a full point emptier. Max-score concentrates load between
+//     snapshot refreshes more than the tree's random pick among a band
+//     does; the fleet simulation measures the difference.
 //   - random, round-robin, least-request: classic balancers without
 //     shedding, baselines for the fleet simulation.
 func BuiltinProfiles() map[string]ProfileSpec {

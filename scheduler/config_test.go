@@ -251,3 +251,29 @@ type firstPicker string
 
 func (p firstPicker) Name() string                          { return string(p) }
 func (firstPicker) Pick(*Cycle, []*Endpoint, []float64) int { return 0 }
+
+// TestConfigRoundTrip: a Config built in Go (the fleet simulation) and
+// marshalled reads back identically.
+func TestConfigRoundTrip(t *testing.T) {
+	cfg := Config{
+		Profile:       "lb",
+		ByCriticality: ProfileSelection{Sheddable: ProfileDecisionTree},
+		Plugins:       []PluginSpec{{Type: TypeQueueScorer, Name: "q"}, {Type: TypeLowQueueFilter, Parameters: json.RawMessage(`{"threshold":7}`)}},
+		Profiles: map[string]ProfileSpec{"lb": {
+			Filters: []string{TypeLowQueueFilter},
+			Scorers: []ScorerRef{{Scorer: "q", Weight: 2}, {Scorer: TypeKVCacheScorer, Weight: 1}},
+			Picker:  TypeMaxScorePicker,
+		}},
+	}
+	data, err := json.Marshal(cfg)
+	require.NoError(t, err)
+	back, err := DecodeConfig(data)
+	require.NoError(t, err)
+	assert.Equal(t, cfg, back)
+	_, err = New(back, nil, seeded(1))
+	require.NoError(t, err)
+
+	data, err = json.Marshal(Config{})
+	require.NoError(t, err)
+	assert.JSONEq(t, `{}`, string(data))
+}
