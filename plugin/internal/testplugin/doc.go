@@ -43,7 +43,8 @@
 //	                               with :authority = cluster to cluster "c" from the root
 //	                               context; the callback stores "<:status> <body>" (or
 //	                               "failed" when called with no headers) in shared data
-//	                               key "testplugin/tick-call".
+//	                               key "testplugin/tick-call"; the dispatch status (ok,
+//	                               bad_argument, ...) goes to "testplugin/tick-call/dispatch".
 //	"tick_http_call_path": "/p"
 //	"delay_done": true             on_done of the root context returns false and sets a 1 ms
 //	                               tick; that tick calls PluginDone (proxy_done) and logs
