@@ -13,8 +13,12 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math/rand/v2"
 	"strings"
 	"time"
+	"unicode/utf8"
+
+	"github.com/wasm-epp/wasm-epp/scheduler"
 )
 
 // Role selects what a plugin instance does.
@@ -79,6 +83,9 @@ type Config struct {
 	// Scheduler is the scheduler's own configuration (profiles and plugin
 	// parameters), decoded by the scheduler package.
 	Scheduler json.RawMessage `json:"scheduler,omitempty"`
+	// SchedulerConfig is Scheduler decoded and checked against the built-in
+	// plugin registry by Decode, so the plugin does not decode it twice.
+	SchedulerConfig scheduler.Config `json:"-"`
 
 	MaxBodyBytes       int `json:"maxBodyBytes,omitempty"`
 	MaxModelNameLength int `json:"maxModelNameLength,omitempty"`
@@ -97,6 +104,13 @@ type Config struct {
 	ServedByHeader string `json:"servedByHeader,omitempty"`
 
 	Receiver Receiver `json:"receiver,omitempty"`
+
+	// Seed, when set, seeds every random choice of the plugin (weighted
+	// target draws, the scheduler's tie breaks, fail-open picks) so tests
+	// and benchmarks are reproducible. Unset: seeded from crypto/rand per
+	// plugin instance. Never set it in production: every Envoy worker would
+	// then make the same "random" choices.
+	Seed *uint64 `json:"seed,omitempty"`
 }
 
 // Model is one servable model name, like upstream's InferenceModel.
@@ -175,7 +189,31 @@ func Decode(data []byte) (*Config, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
+	if err := cfg.decodeScheduler(); err != nil {
+		return nil, err
+	}
 	return cfg, nil
+}
+
+// decodeScheduler decodes the "scheduler" section and builds a throwaway
+// scheduler from it, so unknown plugin types, bad parameters and dangling
+// references fail here, at configuration time, with a path under
+// "scheduler".
+func (c *Config) decodeScheduler() error {
+	sc, err := scheduler.DecodeConfig(c.Scheduler)
+	if err == nil {
+		_, err = scheduler.New(sc, scheduler.NewRegistry(), scheduler.Options{Rand: rand.NewPCG(0, 0)})
+	}
+	if err != nil {
+		err = scheduler.PrefixError("scheduler", err)
+		var ce *scheduler.ConfigError
+		if errors.As(err, &ce) {
+			return &Error{Path: ce.Path, Msg: ce.Msg}
+		}
+		return &Error{Path: "scheduler", Msg: err.Error()}
+	}
+	c.SchedulerConfig = sc
+	return nil
 }
 
 func decodeError(err error) error {
@@ -271,7 +309,7 @@ func (c *Config) validate() error {
 	seen := make(map[string]int, len(c.Models))
 	for i, m := range c.Models {
 		p := fmt.Sprintf("models[%d]", i)
-		if err := validName(m.Name, c.MaxModelNameLength); err != nil {
+		if err := ValidModelName(m.Name, c.MaxModelNameLength); err != nil {
 			return &Error{Path: p + ".name", Msg: err.Error()}
 		}
 		if j, dup := seen[m.Name]; dup {
@@ -287,7 +325,7 @@ func (c *Config) validate() error {
 		targets := make(map[string]bool, len(m.Targets))
 		for j, t := range m.Targets {
 			tp := fmt.Sprintf("%s.targets[%d]", p, j)
-			if err := validName(t.Name, c.MaxModelNameLength); err != nil {
+			if err := ValidModelName(t.Name, c.MaxModelNameLength); err != nil {
 				return &Error{Path: tp + ".name", Msg: err.Error()}
 			}
 			if targets[t.Name] {
@@ -316,19 +354,41 @@ func (c *Config) validate() error {
 	return nil
 }
 
-// validName accepts what may safely travel in a body, a log line or a
-// metric label: printable, bounded, no control characters.
-func validName(s string, maxLen int) error {
+// Model name errors, shared by configuration checks and the request parser
+// so a name the configuration accepts is exactly a name a request may carry.
+var (
+	ErrNameEmpty   = errors.New("must not be empty")
+	ErrNameTooLong = errors.New("longer than maxModelNameLength")
+	ErrNameControl = errors.New("contains a control character or invalid UTF-8")
+)
+
+// ValidModelName accepts what may safely travel in a body, a log line or a
+// metric label: non-empty, at most maxLen bytes, valid UTF-8 without C0/C1
+// control characters, DEL or U+FFFD (what a decoder makes of invalid
+// UTF-8 or a lone surrogate escape). Errors wrap ErrNameEmpty,
+// ErrNameTooLong or ErrNameControl; the control-character message quotes
+// the name with %q so it is safe to log.
+func ValidModelName(s string, maxLen int) error {
 	if s == "" {
-		return errors.New("must not be empty")
+		return ErrNameEmpty
 	}
 	if len(s) > maxLen {
-		return fmt.Errorf("longer than maxModelNameLength (%d bytes)", maxLen)
+		return fmt.Errorf("%w (%d bytes)", ErrNameTooLong, maxLen)
 	}
-	for _, r := range s {
-		if r < 0x20 || r == 0x7f || r == '\uFFFD' {
-			return fmt.Errorf("%q contains a control character or invalid UTF-8", s)
+	for i := 0; i < len(s); {
+		c := s[i]
+		if c < utf8.RuneSelf { // ASCII fast path
+			if c < 0x20 || c == 0x7f {
+				return fmt.Errorf("%q %w", s, ErrNameControl)
+			}
+			i++
+			continue
 		}
+		r, size := utf8.DecodeRuneInString(s[i:])
+		if r == utf8.RuneError || (r >= 0x80 && r <= 0x9f) {
+			return fmt.Errorf("%q %w", s, ErrNameControl)
+		}
+		i += size
 	}
 	return nil
 }

@@ -54,6 +54,50 @@ func TestDecodeFull(t *testing.T) {
 	assert.Equal(t, "/push", cfg.Receiver.Path)
 }
 
+func TestDecodeSchedulerAndSeed(t *testing.T) {
+	cfg, err := Decode([]byte(`{"scheduler": {"profile": "least-request"}, "seed": 42}`))
+	require.NoError(t, err)
+	assert.Equal(t, "least-request", cfg.SchedulerConfig.Profile, "the scheduler section is decoded once, by Decode")
+	require.NotNil(t, cfg.Seed)
+	assert.Equal(t, uint64(42), *cfg.Seed)
+
+	cfg, err = Decode(nil)
+	require.NoError(t, err)
+	assert.Nil(t, cfg.Seed, "no seed unless configured")
+	assert.Empty(t, cfg.SchedulerConfig.Profile, "zero scheduler config means the default profile")
+}
+
+func TestValidModelName(t *testing.T) {
+	cases := []struct {
+		name string
+		in   string
+		max  int
+		want error
+	}{
+		{"plain", "llama-3.1-8b/sql-lora", 64, nil},
+		{"unicode", "modèle-日本", 64, nil},
+		{"empty", "", 64, ErrNameEmpty},
+		{"too long", "abcde", 4, ErrNameTooLong},
+		{"NUL", "a\x00", 64, ErrNameControl},
+		{"newline", "a\nb", 64, ErrNameControl},
+		{"DEL", "a\x7f", 64, ErrNameControl},
+		{"C1", "a\u0085", 64, ErrNameControl},
+		{"invalid UTF-8", "a\xffb", 64, ErrNameControl},
+		{"replacement char", "a\uFFFDb", 64, ErrNameControl},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			err := ValidModelName(tc.in, tc.max)
+			if tc.want == nil {
+				assert.NoError(t, err)
+				return
+			}
+			assert.ErrorIs(t, err, tc.want)
+			assert.NotContains(t, err.Error(), "\n", "the name is quoted, never raw")
+		})
+	}
+}
+
 func TestDecodeErrors(t *testing.T) {
 	cases := []struct {
 		name, doc, want string
@@ -80,6 +124,12 @@ func TestDecodeErrors(t *testing.T) {
 		{"zero weights", `{"models": [{"name": "a", "targets": [{"name": "b", "weight": 0}]}]}`, "models[0].targets: weights add up to 0"},
 		{"dup target", `{"models": [{"name": "a", "targets": [{"name": "b", "weight": 1}, {"name": "b", "weight": 1}]}]}`, "targets[1].name: target \"b\" listed twice"},
 		{"receiver path", `{"receiver": {"path": "push"}}`, "receiver.path: must start with /"},
+		{"C1 control char", `{"models": [{"name": "a\u0085b"}]}`, "models[0].name: \"a\\u0085b\" contains a control character"},
+		{"replacement char", `{"models": [{"name": "a\ud800b"}]}`, "contains a control character or invalid UTF-8"},
+		{"scheduler field", `{"scheduler": {"profle": "x"}}`, `scheduler: unknown field "profle"`},
+		{"scheduler profile", `{"scheduler": {"profile": "nope"}}`, "scheduler.profile"},
+		{"scheduler plugin type", `{"scheduler": {"plugins": [{"type": "no-such-plugin"}]}}`, "scheduler.plugins[0]"},
+		{"seed", `{"seed": -1}`, "seed: want uint64"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
