@@ -22,7 +22,9 @@ import (
 )
 
 func main() {
-	if err := run(os.Args[1:]); err != nil {
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	defer stop()
+	if err := run(ctx, os.Args[1:], nil); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			os.Exit(0)
 		}
@@ -144,7 +146,9 @@ func serverConfig(o options, log *slog.Logger) (vllmsim.ServerConfig, error) {
 	}, nil
 }
 
-func run(args []string) error {
+// run serves until ctx ends (SIGINT/SIGTERM in main), then shuts down
+// gracefully. ready, if set, receives the bound address once listening.
+func run(ctx context.Context, args []string, ready func(addr string)) error {
 	o, err := parseFlags(args)
 	if err != nil {
 		return err
@@ -165,9 +169,6 @@ func run(args []string) error {
 	if err != nil {
 		return err
 	}
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
-	defer stop()
-
 	sim.Start()
 	srv := &http.Server{Handler: sim.Handler(), ReadHeaderTimeout: 10 * time.Second}
 	errc := make(chan error, 1)
@@ -175,6 +176,9 @@ func run(args []string) error {
 	log.Info("vllm-sim listening", "addr", ln.Addr().String(), "replica", cfg.Name, "model", cfg.Model,
 		"adapters", cfg.Adapters, "max_loras", cfg.Replica.MaxLoRAs, "profile", cfg.Replica.Profile.Name,
 		"kv_capacity_tokens", cfg.Replica.KVCapacityTokens, "time_scale", cfg.TimeScale, "metrics_names", cfg.MetricsNames)
+	if ready != nil {
+		ready(ln.Addr().String())
+	}
 
 	select {
 	case err := <-errc:
