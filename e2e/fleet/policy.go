@@ -1,0 +1,183 @@
+package fleet
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/wasm-epp/wasm-epp/scheduler"
+)
+
+// View is what a policy may look at when it routes one request.
+type View struct {
+	// Snapshot is the last scrape of every replica (Endpoints[i] is replica
+	// i); its Metrics.UpdateTime is the scrape time.
+	Snapshot *scheduler.Snapshot
+	// InFlight[i] counts requests the gateway sent to replica i that have
+	// not completed: live, gateway-side state as Envoy keeps it (rq_active).
+	InFlight []int
+}
+
+// Policy routes requests. It returns the replica index when the outcome is
+// scheduler.Routed, and is otherwise ignored. A Policy serves one run and
+// is never used concurrently.
+type Policy interface {
+	Route(req *scheduler.Request, v *View) (replica int, outcome scheduler.Outcome)
+}
+
+// PolicySpec names a policy and builds a fresh instance for one run.
+type PolicySpec struct {
+	Name string
+	// New builds the policy. seed makes it reproducible; clock returns the
+	// virtual time, for policies that check staleness.
+	New func(seed uint64, clock func() time.Time) (Policy, error)
+}
+
+// Policy names offered besides the scheduler's built-in profiles.
+const (
+	// EnvoyLeastRequest is Envoy's LEAST_REQUEST load balancer with default
+	// settings: power of two choices on the gateway's live count of active
+	// requests per host.
+	EnvoyLeastRequest = "envoy-least-request"
+)
+
+// DefaultPolicies are the policies a sweep compares: the scheduler's
+// baselines and profiles, and Envoy's least-request.
+//
+// "random" and "round-robin" are the scheduler's profiles; over a fleet
+// whose endpoints are all fresh they are exactly Envoy's RANDOM and
+// ROUND_ROBIN (uniform pick; rotation over a stable host list). The
+// scheduler's "least-request" is not Envoy's: it takes the minimum of
+// waiting+running over all endpoints from the last scrape, so it is kept as
+// its own policy next to EnvoyLeastRequest.
+func DefaultPolicies() []PolicySpec {
+	names := []string{
+		scheduler.ProfileRandom,
+		scheduler.ProfileRoundRobin,
+		EnvoyLeastRequest,
+		scheduler.ProfileLeastRequest,
+		scheduler.ProfileDecisionTree,
+		scheduler.ProfileScoring,
+	}
+	specs := make([]PolicySpec, len(names))
+	for i, n := range names {
+		s, err := PolicyByName(n)
+		if err != nil {
+			panic(err) // built-in names; a failure is a bug
+		}
+		specs[i] = s
+	}
+	return specs
+}
+
+// PolicyByName returns EnvoyLeastRequest or a built-in scheduler profile.
+func PolicyByName(name string) (PolicySpec, error) {
+	if name == EnvoyLeastRequest {
+		return PolicySpec{Name: name, New: func(seed uint64, _ func() time.Time) (Policy, error) {
+			return NewEnvoyLeastRequest(rand.NewPCG(seed, 0xe1e5), 2), nil
+		}}, nil
+	}
+	if _, ok := scheduler.BuiltinProfiles()[name]; !ok {
+		return PolicySpec{}, fmt.Errorf("fleet: unknown policy %q (%s, a scheduler profile, or name=config.json)", name, EnvoyLeastRequest)
+	}
+	return SchedulerPolicySpec(name, scheduler.Config{Profile: name}), nil
+}
+
+// ParsePolicy reads one command-line policy: a name (PolicyByName), or
+// name=path of a JSON scheduler configuration (scheduler.DecodeConfig).
+func ParsePolicy(arg string) (PolicySpec, error) {
+	name, path, isFile := strings.Cut(arg, "=")
+	if !isFile {
+		return PolicyByName(arg)
+	}
+	raw, err := os.ReadFile(filepath.Clean(path))
+	if err != nil {
+		return PolicySpec{}, fmt.Errorf("fleet: policy %q: %w", name, err)
+	}
+	cfg, err := scheduler.DecodeConfig(raw)
+	if err != nil {
+		return PolicySpec{}, fmt.Errorf("fleet: policy %q: %s: %w", name, path, err)
+	}
+	spec := SchedulerPolicySpec(name, cfg)
+	// Build once now so a bad configuration fails before a sweep starts.
+	if _, err := spec.New(1, time.Now); err != nil {
+		return PolicySpec{}, fmt.Errorf("fleet: policy %q: %s: %w", name, path, err)
+	}
+	return spec, nil
+}
+
+// DefaultStaleAfter is upstream EPP's staleness limit for metrics.
+const DefaultStaleAfter = 2 * time.Second
+
+// SchedulerPolicySpec routes with the scheduler package configured by cfg.
+func SchedulerPolicySpec(name string, cfg scheduler.Config) PolicySpec {
+	return PolicySpec{Name: name, New: func(seed uint64, clock func() time.Time) (Policy, error) {
+		s, err := scheduler.New(cfg, scheduler.NewRegistry(), scheduler.Options{
+			Rand:       rand.NewPCG(seed, 0x5c4e),
+			Now:        clock,
+			StaleAfter: DefaultStaleAfter,
+		})
+		if err != nil {
+			return nil, err
+		}
+		return &schedulerPolicy{s: s}, nil
+	}}
+}
+
+// schedulerPolicy adapts the scheduler: the decision is the plugin's own.
+type schedulerPolicy struct {
+	s *scheduler.Scheduler
+}
+
+func (p *schedulerPolicy) Route(req *scheduler.Request, v *View) (int, scheduler.Outcome) {
+	res := p.s.Schedule(req, v.Snapshot)
+	if res.Outcome == scheduler.AllStale {
+		// Fail open, as the plugin can be configured to; scrapes every
+		// ScrapeInterval keep this from happening unless the interval is
+		// configured above DefaultStaleAfter.
+		res = p.s.ScheduleFailOpen(req, v.Snapshot)
+	}
+	if res.Outcome != scheduler.Routed {
+		return -1, res.Outcome
+	}
+	eps := v.Snapshot.Endpoints
+	for i := range eps {
+		if &eps[i] == res.Endpoint {
+			return i, scheduler.Routed
+		}
+	}
+	panic("fleet: scheduler returned an endpoint outside the snapshot")
+}
+
+// EnvoyLeastRequestPolicy emulates Envoy's least-request balancer for hosts
+// of equal weight (source/extensions/load_balancing_policies/least_request/
+// least_request_lb.cc, unweightedHostPick): draw Choices hosts uniformly at
+// random, independently (the same host may be drawn twice), and keep the one
+// with the fewest active requests, the first drawn on ties. Active requests
+// are the gateway's own count, so they are never stale.
+type EnvoyLeastRequestPolicy struct {
+	rand    *rand.Rand
+	Choices int
+}
+
+// NewEnvoyLeastRequest returns the policy; Envoy's default choice count is 2.
+func NewEnvoyLeastRequest(src rand.Source, choices int) *EnvoyLeastRequestPolicy {
+	return &EnvoyLeastRequestPolicy{rand: rand.New(src), Choices: max(choices, 1)}
+}
+
+func (p *EnvoyLeastRequestPolicy) Route(_ *scheduler.Request, v *View) (int, scheduler.Outcome) {
+	n := len(v.InFlight)
+	if n == 0 {
+		return -1, scheduler.NoEndpoint
+	}
+	best := p.rand.IntN(n)
+	for range p.Choices - 1 {
+		if c := p.rand.IntN(n); v.InFlight[c] < v.InFlight[best] {
+			best = c
+		}
+	}
+	return best, scheduler.Routed
+}

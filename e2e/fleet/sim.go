@@ -1,0 +1,312 @@
+package fleet
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"time"
+
+	"github.com/wasm-epp/wasm-epp/e2e/vllmsim"
+	"github.com/wasm-epp/wasm-epp/scheduler"
+)
+
+// RunConfig is one simulation: a scenario at one arrival rate under one
+// policy.
+type RunConfig struct {
+	Scenario Scenario
+	Policy   PolicySpec
+	// Rate is the mean arrival rate, requests per second (Poisson).
+	Rate float64
+	// Load is Rate as a fraction of fleet saturation, for reports only
+	// (0 when the rate was given directly).
+	Load float64
+	// Seed fixes the workload, the criticality draws and the policy's
+	// random choices. Runs with the same seed and rate see the same
+	// requests whatever the policy.
+	Seed uint64
+	// Warmup is simulated before the measurement Window; both receive
+	// arrivals, only requests arriving in the window are measured.
+	Warmup, Window time.Duration
+	// ScrapeInterval is how often the metrics view is refreshed.
+	ScrapeInterval time.Duration
+	// MaxDrain bounds the simulated time after arrivals stop; a run whose
+	// requests are not all done by then fails (0: 10 × (Warmup+Window)).
+	MaxDrain time.Duration
+}
+
+// DefaultScrapeInterval is upstream EPP's metrics refresh period.
+const DefaultScrapeInterval = 50 * time.Millisecond
+
+// Epoch is virtual time zero as wall-clock time, for Metrics.UpdateTime and
+// the scheduler's clock.
+var Epoch = time.Date(2025, 6, 5, 0, 0, 0, 0, time.UTC)
+
+// Quantiles summarise one latency distribution.
+type Quantiles struct {
+	Mean, P50, P90, P99 time.Duration
+}
+
+// Result is what one run measured over its window.
+type Result struct {
+	Scenario string
+	Policy   string
+	Load     float64
+	Rate     float64
+	Window   time.Duration
+
+	// Arrivals counts every request of the run; Measured those that
+	// arrived in the window. Completed, Dropped (429) and NoEndpoint (503)
+	// split Measured.
+	Arrivals, Measured             int
+	Completed, Dropped, NoEndpoint int
+	// DroppedAll counts drops over the whole run.
+	DroppedAll int
+
+	// ThroughputRPS is completions per second inside the window (whenever
+	// they arrived); OutputTokPS generated tokens per second inside it.
+	ThroughputRPS, OutputTokPS float64
+
+	// Latencies of the measured completed requests. TPOT is the mean time
+	// between output tokens after the first; NTPOT is end-to-end latency
+	// divided by output tokens (upstream's "normalized time per output
+	// token", which includes queueing).
+	TTFT, TPOT, NTPOT, E2E Quantiles
+
+	// AdapterLoads and Preemptions are summed over replicas inside the
+	// window.
+	AdapterLoads, Preemptions int64
+	// Routed counts requests sent to each replica over the whole run.
+	Routed []int
+	// End is the virtual time when the last request finished.
+	End time.Duration
+}
+
+// flight is one request's simulation state. It embeds the replica's
+// request so a completion (a *vllmsim.Request) leads back to it by ID.
+type flight struct {
+	req      vllmsim.Request
+	replica  int
+	measured bool
+}
+
+const slabSize = 4096
+
+// flights stores requests in fixed slabs so pointers handed to replicas
+// stay valid while the store grows.
+type flights struct{ slabs [][]flight }
+
+func (f *flights) add() (*flight, uint64) {
+	n := len(f.slabs)
+	if n == 0 || len(f.slabs[n-1]) == slabSize {
+		f.slabs = append(f.slabs, make([]flight, 0, slabSize))
+		n++
+	}
+	s := &f.slabs[n-1]
+	*s = append(*s, flight{})
+	id := uint64((n-1)*slabSize + len(*s) - 1)
+	return &(*s)[len(*s)-1], id
+}
+
+func (f *flights) get(id uint64) *flight { return &f.slabs[id/slabSize][id%slabSize] }
+
+// Run simulates one configuration. It is deterministic: the same config
+// gives the same Result.
+func Run(cfg RunConfig) (Result, error) {
+	sc := cfg.Scenario
+	if err := sc.Validate(); err != nil {
+		return Result{}, err
+	}
+	switch {
+	case cfg.Warmup < 0 || cfg.Window <= 0:
+		return Result{}, errors.New("fleet: Window must be positive and Warmup not negative")
+	case cfg.ScrapeInterval <= 0:
+		return Result{}, errors.New("fleet: ScrapeInterval must be positive")
+	case cfg.Policy.New == nil:
+		return Result{}, errors.New("fleet: RunConfig.Policy has no constructor")
+	}
+	var now time.Duration
+	clock := func() time.Time { return Epoch.Add(now) }
+	policy, err := cfg.Policy.New(cfg.Seed, clock)
+	if err != nil {
+		return Result{}, fmt.Errorf("fleet: policy %q: %w", cfg.Policy.Name, err)
+	}
+	gen, err := vllmsim.NewWorkload(vllmsim.WorkloadConfig{
+		Rate: cfg.Rate, Input: sc.Input, Output: sc.Output, Adapters: sc.Adapters, Seed: cfg.Seed,
+	})
+	if err != nil {
+		return Result{}, fmt.Errorf("fleet: scenario %q: %w", sc.Name, err)
+	}
+	critRand := rand.New(rand.NewPCG(cfg.Seed, 0xc417))
+
+	reps := make([]*vllmsim.Replica, sc.Replicas)
+	snap := &scheduler.Snapshot{Endpoints: make([]scheduler.Endpoint, sc.Replicas)}
+	for i := range reps {
+		if reps[i], err = vllmsim.NewReplica(sc.Replica); err != nil {
+			return Result{}, err
+		}
+		snap.Endpoints[i] = scheduler.Endpoint{
+			ID:      scheduler.EndpointID{Namespace: "fleet", Name: fmt.Sprintf("vllm-%d", i)},
+			Address: fmt.Sprintf("10.0.%d.%d", i/250, i%250+1),
+			Port:    8000,
+		}
+	}
+	view := &View{Snapshot: snap, InFlight: make([]int, sc.Replicas)}
+	scrape := func(at time.Duration) {
+		t := Epoch.Add(at)
+		snap.Time = t
+		for i, r := range reps {
+			m := r.Metrics()
+			snap.Endpoints[i].Metrics = scheduler.Metrics{
+				WaitingQueueSize: m.Waiting,
+				RunningQueueSize: m.Running,
+				KVCacheUsage:     m.KVCacheUsage,
+				ActiveModels:     m.RunningAdapters,
+				WaitingModels:    m.WaitingAdapters,
+				MaxActiveModels:  m.MaxLoRAs,
+				UpdateTime:       t,
+			}
+		}
+	}
+	counters := func() (c vllmsim.Counters) {
+		for _, r := range reps {
+			m := r.Metrics()
+			c.GenerationTokens += m.GenerationTokens
+			c.AdapterLoads += m.AdapterLoads
+			c.Preemptions += m.Preemptions
+		}
+		return c
+	}
+
+	res := Result{
+		Scenario: sc.Name, Policy: cfg.Policy.Name, Load: cfg.Load, Rate: cfg.Rate,
+		Window: cfg.Window, Routed: make([]int, sc.Replicas),
+	}
+	winStart, arrivalsEnd := cfg.Warmup, cfg.Warmup+cfg.Window
+	maxDrain := cfg.MaxDrain
+	if maxDrain <= 0 {
+		maxDrain = 10 * arrivalsEnd
+	}
+	deadline := arrivalsEnd + maxDrain
+	const never = time.Duration(math.MaxInt64)
+
+	var store flights
+	var ttft, tpot, ntpot, e2e []time.Duration
+	var atStart, atEnd vllmsim.Counters
+	started, ended := false, false
+	outstanding := 0
+	req := scheduler.Request{}
+	next := gen.Next()
+	nextScrape := time.Duration(0)
+
+	complete := func(done []*vllmsim.Request) {
+		for _, r := range done {
+			f := store.get(r.ID)
+			view.InFlight[f.replica]--
+			outstanding--
+			if r.CompletedAt >= winStart && r.CompletedAt < arrivalsEnd {
+				res.ThroughputRPS++
+			}
+			if !f.measured {
+				continue
+			}
+			res.Completed++
+			ttft = append(ttft, r.TTFT())
+			if r.Generated > 1 {
+				tpot = append(tpot, r.TPOT())
+			}
+			lat := r.Latency()
+			e2e = append(e2e, lat)
+			ntpot = append(ntpot, lat/time.Duration(r.OutputTokens))
+		}
+	}
+
+	for {
+		stepAt, stepReplica := never, -1
+		for i, r := range reps {
+			if t, busy := r.NextEventTime(); busy && t < stepAt {
+				stepAt, stepReplica = t, i
+			}
+		}
+		arriveAt, scrapeAt := never, never
+		if next.At < arrivalsEnd {
+			arriveAt, scrapeAt = next.At, nextScrape
+		}
+		at := min(stepAt, scrapeAt, arriveAt)
+		if at == never {
+			break // no arrivals left and every replica idle: drained
+		}
+		if at > deadline {
+			return res, fmt.Errorf("fleet: %s/%s at %.0f req/s: %d requests still running %v after arrivals stopped",
+				sc.Name, cfg.Policy.Name, cfg.Rate, outstanding, maxDrain)
+		}
+		if !started && at >= winStart {
+			atStart, started = counters(), true
+		}
+		if !ended && at >= arrivalsEnd {
+			atEnd, ended = counters(), true
+		}
+		now = at
+		switch {
+		case at == stepAt:
+			complete(reps[stepReplica].Advance(at))
+		case at == scrapeAt:
+			scrape(at)
+			nextScrape += cfg.ScrapeInterval
+		default:
+			f, id := store.add()
+			f.req = vllmsim.Request{ID: id, Adapter: next.Adapter, PromptTokens: next.PromptTokens, OutputTokens: next.OutputTokens}
+			f.measured = at >= winStart
+			res.Arrivals++
+			if f.measured {
+				res.Measured++
+			}
+			req.Model, req.TargetModel = next.Adapter, next.Adapter
+			req.Criticality = sc.Criticality.pick(critRand.Float64())
+			i, outcome := policy.Route(&req, view)
+			switch outcome {
+			case scheduler.Routed:
+				if i < 0 || i >= len(reps) {
+					return res, fmt.Errorf("fleet: policy %q routed to replica %d of %d", cfg.Policy.Name, i, len(reps))
+				}
+				f.replica = i
+				view.InFlight[i]++
+				outstanding++
+				res.Routed[i]++
+				if err := reps[i].Submit(&f.req, at); err != nil {
+					return res, fmt.Errorf("fleet: arrival %d: %w", next.Seq, err)
+				}
+			case scheduler.Dropped:
+				res.DroppedAll++
+				if f.measured {
+					res.Dropped++
+				}
+			default:
+				if f.measured {
+					res.NoEndpoint++
+				}
+			}
+			next = gen.Next()
+		}
+	}
+	if !started {
+		atStart = counters()
+	}
+	if !ended {
+		atEnd = counters()
+	}
+	res.End = now
+	if outstanding != 0 || res.Completed+res.Dropped+res.NoEndpoint != res.Measured {
+		// Conservation: every measured arrival is completed, dropped or
+		// refused. A mismatch is a simulator bug, never a result.
+		return res, fmt.Errorf("fleet: conservation broken: %d measured = %d completed + %d dropped + %d no-endpoint, %d outstanding",
+			res.Measured, res.Completed, res.Dropped, res.NoEndpoint, outstanding)
+	}
+	secs := cfg.Window.Seconds()
+	res.ThroughputRPS /= secs
+	res.OutputTokPS = float64(atEnd.GenerationTokens-atStart.GenerationTokens) / secs
+	res.AdapterLoads = atEnd.AdapterLoads - atStart.AdapterLoads
+	res.Preemptions = atEnd.Preemptions - atStart.Preemptions
+	res.TTFT, res.TPOT, res.NTPOT, res.E2E = summarize(ttft), summarize(tpot), summarize(ntpot), summarize(e2e)
+	return res, nil
+}

@@ -1,0 +1,112 @@
+package fleet
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"sync"
+	"time"
+)
+
+// SweepConfig is a grid of runs: every scenario at every load under every
+// policy.
+type SweepConfig struct {
+	Scenarios []Scenario
+	// Loads are fractions of each scenario's FleetRPS (1 = saturation).
+	Loads    []float64
+	Policies []PolicySpec
+	Seed     uint64
+	// Warmup, Window and ScrapeInterval as in RunConfig.
+	Warmup, Window, ScrapeInterval time.Duration
+	// Parallel runs that many simulations at once (at least 1). Results do
+	// not depend on it.
+	Parallel int
+	// Progress, when set, gets one line per finished run.
+	Progress io.Writer
+}
+
+// ScenarioResult is one scenario's capacity and runs, ordered by load then
+// policy as configured.
+type ScenarioResult struct {
+	Scenario Scenario
+	Capacity Capacity
+	Runs     []Result
+}
+
+// Sweep runs the grid. Each run gets the sweep's seed, so at one load every
+// policy sees the same requests.
+func Sweep(cfg SweepConfig) ([]ScenarioResult, error) {
+	if len(cfg.Scenarios) == 0 || len(cfg.Loads) == 0 || len(cfg.Policies) == 0 {
+		return nil, errors.New("fleet: a sweep needs scenarios, loads and policies")
+	}
+	for _, l := range cfg.Loads {
+		if !(l > 0) {
+			return nil, fmt.Errorf("fleet: load %v must be positive", l)
+		}
+	}
+	out := make([]ScenarioResult, len(cfg.Scenarios))
+	type job struct {
+		sr     *ScenarioResult
+		slot   int
+		config RunConfig
+	}
+	var jobs []job
+	for si, sc := range cfg.Scenarios {
+		capa, err := MeasureCapacity(sc, cfg.Seed)
+		if err != nil {
+			return nil, err
+		}
+		sr := &out[si]
+		sr.Scenario, sr.Capacity = sc, capa
+		sr.Runs = make([]Result, len(cfg.Loads)*len(cfg.Policies))
+		for li, load := range cfg.Loads {
+			for pi, p := range cfg.Policies {
+				jobs = append(jobs, job{sr: sr, slot: li*len(cfg.Policies) + pi, config: RunConfig{
+					Scenario: sc, Policy: p, Rate: load * capa.FleetRPS, Load: load, Seed: cfg.Seed,
+					Warmup: cfg.Warmup, Window: cfg.Window, ScrapeInterval: cfg.ScrapeInterval,
+				}})
+			}
+		}
+	}
+
+	var (
+		mu       sync.Mutex
+		firstErr error
+		wg       sync.WaitGroup
+	)
+	work := make(chan job)
+	for range max(cfg.Parallel, 1) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for j := range work {
+				start := time.Now()
+				r, err := Run(j.config)
+				mu.Lock()
+				if err != nil && firstErr == nil {
+					firstErr = err
+				}
+				j.sr.Runs[j.slot] = r
+				if cfg.Progress != nil && err == nil {
+					fmt.Fprintf(cfg.Progress, "%-2s %4.0f%% %-22s %6.1f req/s  p90 TPOT %7.1f ms  p90 NTPOT %8.1f ms  (%.1fs)\n",
+						r.Scenario, 100*r.Load, r.Policy, r.Rate, ms(r.TPOT.P90), ms(r.NTPOT.P90), time.Since(start).Seconds())
+				}
+				mu.Unlock()
+			}
+		}()
+	}
+	for _, j := range jobs {
+		mu.Lock()
+		failed := firstErr != nil
+		mu.Unlock()
+		if failed {
+			break
+		}
+		work <- j
+	}
+	close(work)
+	wg.Wait()
+	return out, firstErr
+}
+
+func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
