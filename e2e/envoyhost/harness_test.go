@@ -172,7 +172,8 @@ func (h *harness) request(method, path string, body io.Reader, headers map[strin
 	req.Header.Set(DefaultOriginalDstHeader, h.up.addr())
 	for k, v := range headers {
 		if v == "" {
-			req.Header.Del(k)
+			// Present but empty keeps Go's client from adding a default.
+			req.Header[http.CanonicalHeaderKey(k)] = []string{""}
 			continue
 		}
 		req.Header.Set(k, v)

@@ -314,6 +314,23 @@ func (h *Host) Close() error {
 			vm.shutdownRoots()
 		}
 	}
+	// Give roots that delayed their shutdown a moment to call proxy_done.
+	for deadline := time.Now().Add(2 * time.Second); time.Now().Before(deadline); {
+		pending := false
+		for _, g := range h.groups {
+			g.mu.Lock()
+			for _, vm := range g.threads {
+				if vm.donePending() {
+					pending = true
+				}
+			}
+			g.mu.Unlock()
+		}
+		if !pending {
+			break
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
 	h.cancel()
 	h.bg.Wait()
 	for _, g := range h.groups {

@@ -140,10 +140,21 @@ var proxyImpls = map[string]hostImpl{
 		ret(s, ResultOK)
 	},
 	"proxy_done": func(vm *VM, s []uint64) {
-		// Only a root context whose on_done returned false at shutdown may
-		// call proxy_done (cpp-host WasmBase::done); this host finishes
-		// shutdown synchronously, so there is never one pending.
-		ret(s, ResultNotFound)
+		// A root context whose on_done answered false at shutdown finishes
+		// with proxy_done; on_delete follows after the call (cpp-host
+		// WasmBase::done). Anything else is NotFound.
+		root := vm.context().rootCtx()
+		if !vm.pendingDone[root.id] {
+			ret(s, ResultNotFound)
+			return
+		}
+		delete(vm.pendingDone, root.id)
+		vm.after = append(vm.after, func() {
+			if root.created && vm.has("proxy_on_delete") {
+				vm.callback(root, "proxy_on_delete", uint64(root.id))
+			}
+		})
+		ret(s, ResultOK)
 	},
 	"proxy_call_foreign_function": func(vm *VM, s []uint64) {
 		_, ok1 := vm.read(u32(s[0]), u32(s[1]))

@@ -184,6 +184,8 @@ type VM struct {
 
 	timers map[uint32]*vmTimer // root context id -> timer
 
+	pendingDone map[uint32]bool // roots whose on_done answered false
+
 	metricIDs    map[string]uint32 // type + name -> id
 	metrics      map[uint32]*stat
 	nextMetricID [3]uint32
@@ -220,6 +222,7 @@ func (h *Host) newVM(g *vmGroup, thread string) (*VM, error) {
 		contexts:     map[uint32]*wasmContext{},
 		roots:        map[string]*wasmContext{},
 		timers:       map[uint32]*vmTimer{},
+		pendingDone:  map[uint32]bool{},
 		metricIDs:    map[string]uint32{},
 		metrics:      map[uint32]*stat{},
 		nextMetricID: [3]uint32{metricCounter, metricGauge, metricHistogram},
@@ -571,8 +574,8 @@ func (vm *VM) failureError(msg string) error {
 }
 
 // shutdownRoots runs on_done then on_delete for every root context (cpp-host
-// WasmBase::startShutdown); a root whose on_done returns false waits for
-// proxy_done.
+// WasmBase::startShutdown); a root whose on_done answers false stays
+// pending until it calls proxy_done (its timers keep running meanwhile).
 func (vm *VM) shutdownRoots() {
 	vm.mu.Lock()
 	defer vm.mu.Unlock()
@@ -589,12 +592,23 @@ func (vm *VM) shutdownRoots() {
 		done := true
 		if vm.has("proxy_on_done") {
 			res, _, ok := vm.callback(root, "proxy_on_done", uint64(root.id))
-			done = ok && uint32(res) != 0
+			done = !ok || uint32(res) != 0
 		}
-		if done && root.created && vm.has("proxy_on_delete") {
+		if !done {
+			vm.pendingDone[root.id] = true
+			continue
+		}
+		if root.created && vm.has("proxy_on_delete") {
 			vm.callback(root, "proxy_on_delete", uint64(root.id))
 		}
 	}
+}
+
+// donePending reports whether some root still waits for proxy_done.
+func (vm *VM) donePending() bool {
+	vm.mu.Lock()
+	defer vm.mu.Unlock()
+	return len(vm.pendingDone) > 0 && vm.fail == FailOK && !vm.closed
 }
 
 // logGuest logs a message from the guest with Envoy's prefix (plugin name,
