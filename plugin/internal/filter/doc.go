@@ -1,0 +1,66 @@
+// Package filter is the wasm-epp Envoy HTTP filter: inside the proxy it reads
+// each OpenAI-style request, picks the vLLM pod that should serve it from the
+// metrics snapshot in shared data, and names that pod in the destination
+// header an ORIGINAL_DST cluster routes on, or answers with an OpenAI-style
+// JSON error. In the receiver role (plugin configuration "role": "receiver")
+// the same plugin accepts the agents' metric pushes instead (package
+// receiver).
+//
+// # Request path
+//
+//   - on_request_headers: the client's destination header and
+//     x-envoy-original-dst-host are removed, so only the filter ever names a
+//     destination. A request without a body (GET /v1/models) goes to the
+//     least-loaded fresh endpoint right away; a POST/PUT/PATCH without a body
+//     is a 400. A Content-Length above maxBodyBytes is a 413. Content-Length
+//     is removed when some configured model may be rewritten (Envoy does not
+//     fix it when a filter changes the body). Then Pause: the plugin must be
+//     configured with allow_on_headers_stop_iteration: true, or Envoy sends
+//     the headers upstream before the body callback can name a destination.
+//   - on_request_body: buffered (Pause) until end of stream; more than
+//     maxBodyBytes is a 413. The whole body is read once and handed to
+//     ParseRequest (strict JSON validation first; see its doc). The model is
+//     resolved (criticality, seeded weighted target draw), the snapshot is
+//     taken from the per-VM cache, the scheduler decides, and on success the
+//     "model" string is spliced in place when the target differs, the
+//     destination header is set to ip:port ([v6]:port), and the request
+//     continues.
+//   - on_response_headers: the optional servedByHeader names the endpoint.
+//
+// # Local replies
+//
+// Bodies are {"error":{"message":…,"type":…,"code":…}} with content-type
+// application/json; the response code details (access log
+// %RESPONSE_CODE_DETAILS%) are "wasm_epp_<outcome>":
+//
+//	400 invalid_request_error / <Reason>        wasm_epp_bad_request
+//	404 invalid_request_error / model_not_found  wasm_epp_unknown_model
+//	413 invalid_request_error / request_too_large wasm_epp_too_large
+//	429 rate_limit_error / capacity_exhausted     wasm_epp_dropped
+//	503 service_unavailable / no_endpoint         wasm_epp_no_endpoint
+//	500 server_error / internal_error             wasm_epp_internal_error
+//
+// # Snapshot
+//
+// Every request reads the small snapshot-version key; only when its value
+// differs from the cached one is the snapshot key read and decoded
+// (wire.DecodeSnapshot). A snapshot that fails to decode keeps the previous
+// one (its endpoints then age out through staleness). No snapshot at all
+// means no endpoint: 503.
+//
+// # Metrics
+//
+// Envoy shows plugin metrics as wasmcustom.<name>; names use dots so a
+// bootstrap stats_tags rule can turn the last segment into a tag:
+//
+//	wasm_epp.requests.<outcome>     counter: routed, fail_open, dropped, bad_request,
+//	                                unknown_model, too_large, no_endpoint, internal_error
+//	                                (each request counts exactly once)
+//	wasm_epp.path.<path>            counter per scheduler decision path (Scheduler.Paths,
+//	                                "/" written as "."), defined at start
+//	wasm_epp.snapshot.decodes       counter: snapshots decoded (once per change per VM)
+//	wasm_epp.snapshot.decode_errors counter: stored snapshots that failed to decode
+//	wasm_epp.snapshot.age_ms        gauge: now minus the snapshot's newest push
+//	wasm_epp.snapshot.endpoints     gauge: endpoints in the current snapshot
+//	wasm_epp.schedule_us            histogram: time spent in the scheduler per request
+package filter

@@ -1,0 +1,190 @@
+package filter
+
+import (
+	"encoding/binary"
+	"encoding/json"
+	"errors"
+	"net/netip"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	"github.com/tetratelabs/proxy-wasm-go-sdk/proxywasm/proxytest"
+	"github.com/tetratelabs/proxy-wasm-go-sdk/proxywasm/types"
+
+	"github.com/wasm-epp/wasm-epp/plugin/config"
+	"github.com/wasm-epp/wasm-epp/plugin/internal/proxywasm"
+	"github.com/wasm-epp/wasm-epp/scheduler/wire"
+)
+
+// t0 is the fake clock's start; tests never read the wall clock.
+var t0 = time.Unix(1_750_000_000, 0)
+
+type fakeClock struct{ now time.Time }
+
+func (c *fakeClock) Now() time.Time { return c.now }
+
+// pod is one endpoint in a test snapshot.
+type pod struct {
+	name    string
+	addr    string
+	port    uint16
+	waiting uint32
+	running uint32
+	kv      float64
+	active  []string
+	queued  []string
+	max     uint32
+	// age is how old its metrics are at the fake clock's time.
+	age time.Duration
+}
+
+// env is one proxytest host running the filter with a fake clock.
+type env struct {
+	t       *testing.T
+	host    proxytest.HostEmulator
+	clock   *fakeClock
+	cfg     *config.Config
+	version uint64
+}
+
+// newEnv starts the plugin with a configuration; it must start.
+func newEnv(t *testing.T, cfgJSON string, getenv ...func(string) string) *env {
+	t.Helper()
+	e, status := startEnv(t, cfgJSON, getenv...)
+	require.Equal(t, types.OnPluginStartStatusOK, status, "plugin start; error logs: %v", e.host.GetCriticalLogs())
+	return e
+}
+
+func startEnv(t *testing.T, cfgJSON string, getenv ...func(string) string) (*env, types.OnPluginStartStatus) {
+	t.Helper()
+	clock := &fakeClock{now: t0}
+	opts := Options{Now: clock.Now}
+	if len(getenv) > 0 {
+		opts.Getenv = getenv[0]
+	}
+	host, reset := proxytest.NewHostEmulator(proxytest.NewEmulatorOption().
+		WithVMContext(NewVMContext(opts)).
+		WithPluginConfiguration([]byte(cfgJSON)))
+	t.Cleanup(reset)
+	e := &env{t: t, host: host, clock: clock}
+	if cfg, err := config.Decode([]byte(cfgJSON)); err == nil {
+		e.cfg = cfg
+	}
+	require.Equal(t, types.OnVMStartStatusOK, host.StartVM())
+	return e, host.StartPlugin()
+}
+
+// setPods stores a snapshot of pods (one agent) and bumps the version key,
+// as the receiver does.
+func (e *env) setPods(pods ...pod) {
+	e.t.Helper()
+	e.setStored(storedBytes(e.t, e.clock.now, pods...))
+}
+
+func (e *env) setStored(value []byte) {
+	e.t.Helper()
+	setShared(e.t, e.cfg.SnapshotKey(), value)
+	e.version++
+	setShared(e.t, e.cfg.SnapshotVersionKey(), binary.LittleEndian.AppendUint64(nil, e.version))
+}
+
+func setShared(t *testing.T, key string, value []byte) {
+	t.Helper()
+	_, cas, err := proxywasm.GetSharedData(key)
+	if err != nil && !errors.Is(err, types.ErrorStatusNotFound) {
+		require.NoError(t, err)
+	}
+	require.NoError(t, proxywasm.SetSharedData(key, value, cas))
+}
+
+// storedBytes encodes pods as the receiver would store them at now.
+func storedBytes(t testing.TB, now time.Time, pods ...pod) []byte {
+	t.Helper()
+	eps := make([]wire.EndpointState, 0, len(pods))
+	for _, p := range pods {
+		addr := p.addr
+		if addr == "" {
+			addr = "10.0.0.1"
+		}
+		port := p.port
+		if port == 0 {
+			port = 8000
+		}
+		eps = append(eps, wire.EndpointState{
+			Namespace: "llm", Name: p.name, Address: netip.MustParseAddr(addr), Port: port,
+			Waiting: p.waiting, Running: p.running, KVCacheUsage: p.kv,
+			ActiveAdapters: p.active, WaitingAdapters: p.queued, MaxAdapters: p.max,
+			ScrapeTime: now.Add(-p.age),
+		})
+	}
+	wire.Normalize(eps)
+	b, err := wire.EncodeStored(&wire.Stored{Agents: []wire.AgentState{{
+		AgentID: "node-1", LastSeq: 1, Received: now, Endpoints: eps,
+	}}}, wire.DefaultLimits())
+	require.NoError(t, err)
+	return b
+}
+
+// result is what the filter did with one request.
+type result struct {
+	id      uint32
+	action  types.Action
+	headers map[string]string
+	body    string
+	local   *proxytest.LocalHttpResponse
+}
+
+func (r result) dest() string { return r.headers["x-gateway-destination-endpoint"] }
+
+// errorJSON decodes the local reply's body, which must be an OpenAI error.
+func (r result) errorJSON(t *testing.T) (msg, typ, code string) {
+	t.Helper()
+	require.NotNil(t, r.local, "expected a local reply")
+	var v struct {
+		Error struct {
+			Message string `json:"message"`
+			Type    string `json:"type"`
+			Code    string `json:"code"`
+		} `json:"error"`
+	}
+	require.NoError(t, json.Unmarshal(r.local.Data, &v), "body %q", r.local.Data)
+	require.Contains(t, r.local.Headers, [2]string{"content-type", "application/json"})
+	return v.Error.Message, v.Error.Type, v.Error.Code
+}
+
+// post sends a POST with the body in the given chunks (none: no body).
+func (e *env) post(path string, extra [][2]string, chunks ...string) result {
+	hdrs := append([][2]string{{":method", "POST"}, {":path", path}, {":authority", "gw"}, {"content-type", "application/json"}}, extra...)
+	return e.do(hdrs, chunks...)
+}
+
+func (e *env) do(hdrs [][2]string, chunks ...string) result {
+	e.t.Helper()
+	id := e.host.InitializeHttpContext()
+	action := e.host.CallOnRequestHeaders(id, hdrs, len(chunks) == 0)
+	for i, c := range chunks {
+		if e.host.GetSentLocalResponse(id) != nil {
+			break
+		}
+		action = e.host.CallOnRequestBody(id, []byte(c), i == len(chunks)-1)
+	}
+	res := result{id: id, action: action, headers: map[string]string{}, local: e.host.GetSentLocalResponse(id)}
+	for _, h := range e.host.GetCurrentRequestHeaders(id) {
+		res.headers[h[0]] = h[1]
+	}
+	res.body = string(e.host.GetCurrentRequestBody(id))
+	return res
+}
+
+func (e *env) counter(name string) uint64 {
+	e.t.Helper()
+	v, err := e.host.GetCounterMetric(name)
+	require.NoError(e.t, err, name)
+	return v
+}
+
+// chat is a minimal chat completion body for model.
+func chat(model string) string {
+	return `{"model":"` + model + `","messages":[{"role":"user","content":"hello"}]}`
+}

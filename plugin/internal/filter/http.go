@@ -1,0 +1,215 @@
+package filter
+
+import (
+	"fmt"
+	"strconv"
+
+	"github.com/tetratelabs/proxy-wasm-go-sdk/proxywasm/types"
+
+	"github.com/wasm-epp/wasm-epp/plugin/internal/proxywasm"
+	"github.com/wasm-epp/wasm-epp/scheduler"
+)
+
+// originalDstHostHeader is Envoy's own ORIGINAL_DST header (its default for
+// use_http_header without a name): removed too, so a cluster configured
+// with the default can never be steered by a client.
+const originalDstHostHeader = "x-envoy-original-dst-host"
+
+// httpContext is one request through the router.
+type httpContext struct {
+	types.DefaultHttpContext
+	r *router
+	// finished: a decision was made (routed, or a local reply sent); later
+	// callbacks change nothing.
+	finished bool
+	// servedBy names the chosen endpoint for the optional response header.
+	servedBy string
+}
+
+func (c *httpContext) OnHttpRequestHeaders(_ int, endOfStream bool) types.Action {
+	r := c.r
+	// Only the filter names a destination (ARCHITECTURE.md "fail-safe
+	// routing"); removing an absent header is OK in Envoy.
+	_ = proxywasm.RemoveHttpRequestHeader(r.cfg.DestinationHeader)
+	_ = proxywasm.RemoveHttpRequestHeader(originalDstHostHeader)
+
+	if endOfStream {
+		switch method, _ := proxywasm.GetHttpRequestHeader(":method"); method {
+		case "POST", "PUT", "PATCH":
+			return c.replyBadRequest(&RequestError{Reason: ReasonEmptyBody,
+				Msg: "the request body is empty: expected a JSON object with a \"model\" field"})
+		}
+		return c.route(nil, nil, nil, "")
+	}
+	if cl, err := proxywasm.GetHttpRequestHeader("content-length"); err == nil && cl != "" {
+		if n, err := strconv.ParseUint(cl, 10, 64); err == nil && n > uint64(r.cfg.MaxBodyBytes) {
+			return c.replyTooLarge()
+		}
+	}
+	if r.mayRewrite {
+		// Envoy does not fix Content-Length when a filter changes the
+		// body; without one the request goes upstream chunked.
+		_ = proxywasm.RemoveHttpRequestHeader("content-length")
+	}
+	// Wait for the body. With allow_on_headers_stop_iteration this is
+	// StopIteration and the headers stay writable in the body callback.
+	return types.ActionPause
+}
+
+func (c *httpContext) OnHttpRequestBody(bodySize int, endOfStream bool) types.Action {
+	if c.finished {
+		return types.ActionContinue
+	}
+	r := c.r
+	if bodySize > r.cfg.MaxBodyBytes {
+		return c.replyTooLarge()
+	}
+	if !endOfStream {
+		return types.ActionPause // buffer: each later call sees the whole body
+	}
+	body, err := proxywasm.GetHttpRequestBody(0, bodySize)
+	if err != nil {
+		return c.replyInternal(fmt.Sprintf("cannot read the request body: %v", err))
+	}
+	p, err := ParseRequest(body, r.cfg.MaxModelNameLength)
+	if err != nil {
+		return c.replyBadRequest(err.(*RequestError))
+	}
+	m, ok := r.models[p.Model]
+	if !ok {
+		if r.cfg.UnknownModels != "passthrough" {
+			c.finish(outUnknownModel)
+			// p.Model passed ValidModelName (no control characters,
+			// bounded) and is JSON-escaped in the body.
+			sendError(404, "wasm_epp_unknown_model", "invalid_request_error", "model_not_found",
+				fmt.Sprintf("The model %q does not exist", p.Model))
+			return types.ActionPause
+		}
+		m = &r.passthrough
+	}
+	return c.route(&p, m, body, r.pickTarget(m, p.Model))
+}
+
+// OnHttpRequestTrailers: a request with trailers ends in this callback,
+// where Envoy no longer exposes the body, so it cannot be routed on.
+func (c *httpContext) OnHttpRequestTrailers(int) types.Action {
+	if c.finished {
+		return types.ActionContinue
+	}
+	return c.replyBadRequest(&RequestError{Reason: ReasonInvalidField,
+		Msg: "requests with trailers are not supported: send the JSON body without trailers"})
+}
+
+// route schedules the request (p nil: no body, least loaded), rewrites the
+// model when the target differs, sets the destination header and lets the
+// request continue, or replies with the error the decision calls for.
+func (c *httpContext) route(p *Parsed, m *model, body []byte, targetModel string) types.Action {
+	r := c.r
+	snap := r.snapshot()
+	var req *scheduler.Request
+	if p != nil {
+		req = &r.req
+		req.Model, req.TargetModel, req.Criticality = p.Model, targetModel, m.crit
+	}
+	d := r.decide(req, snap)
+	if r.debugEnabled() {
+		c.logDecision(p, req, &d)
+	}
+	switch d.outcome {
+	case outDropped:
+		c.finish(outDropped)
+		sendError(429, "wasm_epp_dropped", "rate_limit_error", "capacity_exhausted",
+			"every endpoint is at capacity and this request is sheddable: retry later")
+		return types.ActionPause
+	case outNoEndpoint:
+		c.finish(outNoEndpoint)
+		msg := "no model server endpoint is available"
+		if d.res.Outcome == scheduler.AllStale {
+			msg = "no model server endpoint has fresh metrics"
+		}
+		sendError(503, "wasm_epp_no_endpoint", "service_unavailable", "no_endpoint", msg)
+		return types.ActionPause
+	}
+
+	if p != nil && targetModel != p.Model {
+		if err := proxywasm.ReplaceHttpRequestBody(spliceModel(body, p, targetModel)); err != nil {
+			return c.replyInternal(fmt.Sprintf("cannot rewrite the request body: %v", err))
+		}
+	}
+	if err := proxywasm.ReplaceHttpRequestHeader(r.cfg.DestinationHeader, r.destination(d.endpoint)); err != nil {
+		return c.replyInternal(fmt.Sprintf("cannot set the destination header: %v", err))
+	}
+	if r.cfg.ServedByHeader != "" {
+		c.servedBy = d.endpoint.ID.String()
+	}
+	c.finish(d.outcome)
+	if p == nil {
+		return types.ActionContinue
+	}
+	return types.ActionContinue
+}
+
+// spliceModel returns body with the "model" string token replaced by
+// target, as a JSON string. Nothing else is touched (no re-marshal).
+func spliceModel(body []byte, p *Parsed, target string) []byte {
+	out := make([]byte, 0, len(body)-(p.ModelEnd-p.ModelStart)+len(target)+2)
+	out = append(out, body[:p.ModelStart]...)
+	out = appendJSONString(out, target)
+	return append(out, body[p.ModelEnd:]...)
+}
+
+func (c *httpContext) OnHttpResponseHeaders(int, bool) types.Action {
+	if c.servedBy != "" {
+		_ = proxywasm.ReplaceHttpResponseHeader(c.r.cfg.ServedByHeader, c.servedBy)
+	}
+	return types.ActionContinue
+}
+
+func (c *httpContext) finish(o outcome) {
+	c.finished = true
+	c.r.count(o)
+}
+
+func (c *httpContext) replyBadRequest(e *RequestError) types.Action {
+	c.finish(outBadRequest)
+	sendError(400, "wasm_epp_bad_request", "invalid_request_error", string(e.Reason), e.Msg)
+	return types.ActionPause
+}
+
+func (c *httpContext) replyTooLarge() types.Action {
+	c.finish(outTooLarge)
+	sendError(413, "wasm_epp_too_large", "invalid_request_error", "request_too_large",
+		fmt.Sprintf("the request body is larger than %d bytes", c.r.cfg.MaxBodyBytes))
+	return types.ActionPause
+}
+
+func (c *httpContext) replyInternal(msg string) types.Action {
+	c.finish(outInternal)
+	proxywasm.LogErrorf("wasm-epp: %s", msg)
+	sendError(500, "wasm_epp_internal_error", "server_error", "internal_error", "the gateway failed to route the request")
+	return types.ActionPause
+}
+
+// debugEnabled asks the host for its log level, so the decision log costs
+// nothing unless debug logging is on.
+func (r *router) debugEnabled() bool {
+	lvl, err := proxywasm.GetLogLevel()
+	return err == nil && lvl <= proxywasm.LogLevelDebug
+}
+
+// logDecision writes the decision and why at debug level. Model names are
+// %q-quoted: they come from the client.
+func (c *httpContext) logDecision(p *Parsed, req *scheduler.Request, d *decision) {
+	ep := "-"
+	if d.endpoint != nil {
+		ep = d.endpoint.ID.String() + " " + c.r.destination(d.endpoint)
+	}
+	if p == nil {
+		proxywasm.LogDebugf("wasm-epp: no body: %s via path %q (stale endpoints: %d) -> %s",
+			outcomeNames[d.outcome], d.res.Path, d.res.Stale, ep)
+		return
+	}
+	proxywasm.LogDebugf("wasm-epp: model %q -> target %q, %s, %s, stream=%t, prompt %d bytes: %s via path %q (profile %q, stale endpoints: %d) -> %s",
+		p.Model, req.TargetModel, req.Criticality, p.Kind, p.Stream, p.PromptBytes,
+		outcomeNames[d.outcome], d.res.Path, d.res.Profile, d.res.Stale, ep)
+}

@@ -1,0 +1,299 @@
+package filter
+
+// This file is a strict, iterative JSON validator (RFC 8259, what
+// encoding/json.Valid accepts) that also reports the members of the
+// top-level object in the same pass.
+//
+// Why not gjson.ValidBytes: it recurses once per nesting level, so a 1 MiB
+// body of "[" grows the goroutine stack to ~128 MiB before failing (measured)
+// — inside every Envoy worker VM that receives it. This scanner keeps its
+// container stack in a fixed bitset and refuses nesting deeper than
+// maxJSONDepth, and because it already walks every byte it hands back the
+// top-level members, so the request path never walks the body twice.
+
+// maxJSONDepth bounds nesting. Real chat requests (tool schemas included)
+// stay far below it; Python's json module, which vLLM uses, gives up near
+// 1000 levels anyway.
+const maxJSONDepth = 512
+
+// jsonErrorKind says why a document is not acceptable JSON.
+type jsonErrorKind uint8
+
+const (
+	jsonSyntax   jsonErrorKind = iota + 1 // not JSON, or truncated
+	jsonTrailing                          // a complete value followed by more data
+	jsonTooDeep                           // nested deeper than maxJSONDepth
+)
+
+// jsonError locates the first problem.
+type jsonError struct {
+	kind   jsonErrorKind
+	offset int
+}
+
+// member is one key/value pair of the top-level object: [keyStart, keyEnd)
+// is the raw key between its quotes (escapes not decoded), [start, end) the
+// raw value token.
+type member struct {
+	keyStart, keyEnd int
+	keyEscaped       bool
+	start, end       int
+	pending          bool // key seen, value not finished yet
+}
+
+// scanJSON validates doc and calls onMember for every member of the
+// top-level object, in document order (nothing when the top level is not an
+// object). onMember may return false to abandon the scan early; the result
+// is then (false, nil) and the document is not fully validated.
+func scanJSON(doc []byte, onMember func(m member) bool) (ok bool, err *jsonError) {
+	// stack holds one bit per open container: 1 object, 0 array.
+	var stack [maxJSONDepth / 64]uint64
+	depth := 0
+	isObject := func() bool { return stack[(depth-1)/64]&(1<<((depth-1)%64)) != 0 }
+	push := func(obj bool) bool {
+		if depth == maxJSONDepth {
+			return false
+		}
+		w, b := depth/64, uint(depth%64)
+		if obj {
+			stack[w] |= 1 << b
+		} else {
+			stack[w] &^= 1 << b
+		}
+		depth++
+		return true
+	}
+	fail := func(kind jsonErrorKind, at int) (bool, *jsonError) {
+		return false, &jsonError{kind: kind, offset: at}
+	}
+
+	n := len(doc)
+	i := skipSpace(doc, 0)
+	// The current top-level member, recorded when depth == 1 in an object.
+	var cur member
+	topObject := i < n && doc[i] == '{'
+
+	// Each iteration parses one value at i, then handles what follows it.
+	for {
+		i = skipSpace(doc, i)
+		if i >= n {
+			return fail(jsonSyntax, i)
+		}
+		switch c := doc[i]; {
+		case c == '{':
+			if !push(true) {
+				return fail(jsonTooDeep, i)
+			}
+			i = skipSpace(doc, i+1)
+			if i < n && doc[i] == '}' {
+				depth--
+				i++
+				break // an empty object is a complete value
+			}
+			var e *jsonError
+			if i, e = scanKey(doc, i, depth == 1 && topObject, &cur); e != nil {
+				return false, e
+			}
+			continue // the member's value comes next
+		case c == '[':
+			if !push(false) {
+				return fail(jsonTooDeep, i)
+			}
+			i = skipSpace(doc, i+1)
+			if i < n && doc[i] == ']' {
+				depth--
+				i++
+				break // an empty array is a complete value
+			}
+			continue // the first element comes next
+		case c == '"':
+			end, _ := scanString(doc, i+1)
+			if end < 0 {
+				return fail(jsonSyntax, -end-1)
+			}
+			i = end
+		case c == '-' || (c >= '0' && c <= '9'):
+			end := scanNumber(doc, i)
+			if end < 0 {
+				return fail(jsonSyntax, -end-1)
+			}
+			i = end
+		case c == 't':
+			if !hasLiteral(doc, i, "true") {
+				return fail(jsonSyntax, i)
+			}
+			i += 4
+		case c == 'f':
+			if !hasLiteral(doc, i, "false") {
+				return fail(jsonSyntax, i)
+			}
+			i += 5
+		case c == 'n':
+			if !hasLiteral(doc, i, "null") {
+				return fail(jsonSyntax, i)
+			}
+			i += 4
+		default:
+			return fail(jsonSyntax, i)
+		}
+
+		// A value ended at i. Close containers and find the next value.
+		for {
+			if depth == 1 && topObject && cur.pending {
+				cur.end = i
+				cur.pending = false
+				if !onMember(cur) {
+					return false, nil
+				}
+			}
+			if depth == 0 {
+				i = skipSpace(doc, i)
+				if i != n {
+					return fail(jsonTrailing, i)
+				}
+				return true, nil
+			}
+			i = skipSpace(doc, i)
+			if i >= n {
+				return fail(jsonSyntax, i)
+			}
+			c := doc[i]
+			if c == ',' {
+				i = skipSpace(doc, i+1)
+				if isObject() {
+					var e *jsonError
+					if i, e = scanKey(doc, i, depth == 1 && topObject, &cur); e != nil {
+						return false, e
+					}
+				}
+				break // parse the next value
+			}
+			if (c == '}' && isObject()) || (c == ']' && !isObject()) {
+				depth--
+				i++
+				continue // the container is a value that just ended
+			}
+			return fail(jsonSyntax, i)
+		}
+	}
+}
+
+// scanKey parses `"key" :` at i (which is past any whitespace) and returns
+// the offset after the colon and its whitespace, where the value starts. When
+// record is set it fills cur with the key and the value's start.
+func scanKey(doc []byte, i int, record bool, cur *member) (int, *jsonError) {
+	n := len(doc)
+	if i >= n || doc[i] != '"' {
+		return 0, &jsonError{kind: jsonSyntax, offset: i}
+	}
+	end, escaped := scanString(doc, i+1)
+	if end < 0 {
+		return 0, &jsonError{kind: jsonSyntax, offset: -end - 1}
+	}
+	keyStart, keyEnd := i+1, end-1
+	i = skipSpace(doc, end)
+	if i >= n || doc[i] != ':' {
+		return 0, &jsonError{kind: jsonSyntax, offset: i}
+	}
+	i = skipSpace(doc, i+1)
+	if record {
+		*cur = member{keyStart: keyStart, keyEnd: keyEnd, keyEscaped: escaped, start: i, pending: true}
+	}
+	return i, nil
+}
+
+func skipSpace(doc []byte, i int) int {
+	for i < len(doc) {
+		switch doc[i] {
+		case ' ', '\t', '\n', '\r':
+			i++
+		default:
+			return i
+		}
+	}
+	return i
+}
+
+func hasLiteral(doc []byte, i int, lit string) bool {
+	return len(doc)-i >= len(lit) && string(doc[i:i+len(lit)]) == lit
+}
+
+// scanString scans a string body starting just after the opening quote. It
+// returns the offset just past the closing quote and whether the string
+// holds escapes, or -(offset+1) of the first invalid byte.
+func scanString(doc []byte, i int) (int, bool) {
+	escaped := false
+	for i < len(doc) {
+		c := doc[i]
+		switch {
+		case c == '"':
+			return i + 1, escaped
+		case c == '\\':
+			escaped = true
+			if i+1 >= len(doc) {
+				return -(len(doc) + 1), escaped
+			}
+			switch doc[i+1] {
+			case '"', '\\', '/', 'b', 'f', 'n', 'r', 't':
+				i += 2
+			case 'u':
+				if len(doc)-i < 6 || !isHex(doc[i+2]) || !isHex(doc[i+3]) || !isHex(doc[i+4]) || !isHex(doc[i+5]) {
+					return -(i + 1), escaped
+				}
+				i += 6
+			default:
+				return -(i + 2), escaped
+			}
+		case c < 0x20:
+			return -(i + 1), escaped
+		default:
+			i++
+		}
+	}
+	return -(len(doc) + 1), escaped
+}
+
+func isHex(c byte) bool {
+	return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f') || (c >= 'A' && c <= 'F')
+}
+
+// scanNumber scans -?(0|[1-9][0-9]*)(\.[0-9]+)?([eE][+-]?[0-9]+)? at i and
+// returns the offset after it, or -(offset+1) of the first invalid byte.
+func scanNumber(doc []byte, i int) int {
+	n := len(doc)
+	if doc[i] == '-' {
+		i++
+	}
+	switch {
+	case i < n && doc[i] == '0':
+		i++
+	case i < n && doc[i] >= '1' && doc[i] <= '9':
+		for i < n && doc[i] >= '0' && doc[i] <= '9' {
+			i++
+		}
+	default:
+		return -(i + 1)
+	}
+	if i < n && doc[i] == '.' {
+		i++
+		if i >= n || doc[i] < '0' || doc[i] > '9' {
+			return -(i + 1)
+		}
+		for i < n && doc[i] >= '0' && doc[i] <= '9' {
+			i++
+		}
+	}
+	if i < n && (doc[i] == 'e' || doc[i] == 'E') {
+		i++
+		if i < n && (doc[i] == '+' || doc[i] == '-') {
+			i++
+		}
+		if i >= n || doc[i] < '0' || doc[i] > '9' {
+			return -(i + 1)
+		}
+		for i < n && doc[i] >= '0' && doc[i] <= '9' {
+			i++
+		}
+	}
+	return i
+}

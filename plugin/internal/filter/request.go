@@ -1,0 +1,261 @@
+package filter
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+
+	"github.com/tidwall/gjson"
+
+	"github.com/wasm-epp/wasm-epp/plugin/config"
+)
+
+// Kind is the OpenAI API a request body belongs to, judged by its fields.
+type Kind uint8
+
+const (
+	// KindOther: neither "messages" nor "prompt" (e.g. /v1/embeddings with
+	// "input"); routed on its model alone.
+	KindOther Kind = iota
+	// KindCompletion: /v1/completions, with "prompt".
+	KindCompletion
+	// KindChat: /v1/chat/completions, with "messages".
+	KindChat
+)
+
+func (k Kind) String() string {
+	switch k {
+	case KindCompletion:
+		return "completion"
+	case KindChat:
+		return "chat"
+	}
+	return "other"
+}
+
+// Parsed is what the filter needs from a request body. Offsets index the
+// body ParseRequest was given.
+type Parsed struct {
+	// Model is the decoded "model" string: non-empty, bounded, no control
+	// characters (config.ValidModelName).
+	Model string
+	// ModelStart and ModelEnd delimit the raw JSON string token of "model",
+	// quotes included: the bytes to replace when rewriting the model.
+	ModelStart, ModelEnd int
+	// Stream is "stream": true.
+	Stream bool
+	Kind   Kind
+	// PromptBytes is the raw size of "messages" or "prompt" (0 if absent),
+	// for the decision log.
+	PromptBytes int
+}
+
+// Reason names why a body was refused. Its string is the "code" of the
+// 400 reply, so clients can tell cases apart without parsing messages.
+type Reason string
+
+// The reasons ParseRequest returns; every error it returns carries one.
+const (
+	ReasonEmptyBody      Reason = "empty_body"
+	ReasonInvalidJSON    Reason = "invalid_json"
+	ReasonTrailingData   Reason = "trailing_data"
+	ReasonTooDeep        Reason = "too_deeply_nested"
+	ReasonNotObject      Reason = "not_an_object"
+	ReasonMissingModel   Reason = "missing_model"
+	ReasonModelNotString Reason = "model_not_a_string"
+	ReasonDuplicateKey   Reason = "duplicate_key"
+	ReasonEmptyModel     Reason = "empty_model"
+	ReasonModelTooLong   Reason = "model_too_long"
+	ReasonInvalidModel   Reason = "invalid_model_name"
+	ReasonInvalidField   Reason = "invalid_field"
+)
+
+// Reasons lists every Reason, for tests and documentation.
+var Reasons = []Reason{ReasonEmptyBody, ReasonInvalidJSON, ReasonTrailingData, ReasonTooDeep,
+	ReasonNotObject, ReasonMissingModel, ReasonModelNotString, ReasonDuplicateKey, ReasonEmptyModel,
+	ReasonModelTooLong, ReasonInvalidModel, ReasonInvalidField}
+
+// RequestError is a body the filter refuses with 400. Msg is safe to send
+// back and to log: it never contains the client's bytes unescaped.
+type RequestError struct {
+	Reason Reason
+	Msg    string
+}
+
+func (e *RequestError) Error() string { return e.Msg }
+
+func badRequest(r Reason, format string, args ...any) *RequestError {
+	return &RequestError{Reason: r, Msg: fmt.Sprintf(format, args...)}
+}
+
+// The top-level fields the filter reads. A duplicate of any of them is
+// refused: JSON parsers disagree on which copy wins (Python's json, in
+// vLLM, takes the last), so routing on one copy while the server reads the
+// other would let a client pick its own adapter or dodge shedding.
+const (
+	fieldModel = iota
+	fieldStream
+	fieldPrompt
+	fieldMessages
+	numFields
+)
+
+var fieldNames = [numFields]string{"model", "stream", "prompt", "messages"}
+
+// ParseRequest validates an OpenAI-style request body and extracts what
+// routing needs. It is a pure function: the body is strictly validated as
+// JSON (and must be an object) before any field is trusted, "model" must be
+// a JSON string accepted by config.ValidModelName with maxModelLen, and
+// "stream", "prompt" and "messages" must have their OpenAI types when
+// present. Every error is a *RequestError. The body is never unmarshalled:
+// one pass validates it and finds the top-level fields, and only the model
+// string is decoded.
+func ParseRequest(body []byte, maxModelLen int) (Parsed, error) {
+	if len(body) == 0 {
+		return Parsed{}, badRequest(ReasonEmptyBody, "the request body is empty: expected a JSON object with a \"model\" field")
+	}
+	var spans [numFields]member
+	var seen [numFields]bool
+	var dup = -1
+	ok, jerr := scanJSON(body, func(m member) bool {
+		f := fieldOf(body, m)
+		if f < 0 {
+			return true
+		}
+		if seen[f] {
+			dup = f
+			return false
+		}
+		seen[f], spans[f] = true, m
+		return true
+	})
+	switch {
+	case dup >= 0:
+		return Parsed{}, badRequest(ReasonDuplicateKey, "the field %q appears more than once in the request body", fieldNames[dup])
+	case jerr != nil:
+		switch jerr.kind {
+		case jsonTrailing:
+			return Parsed{}, badRequest(ReasonTrailingData, "the request body has data after the JSON value (at byte %d)", jerr.offset)
+		case jsonTooDeep:
+			return Parsed{}, badRequest(ReasonTooDeep, "the request body nests deeper than %d levels", maxJSONDepth)
+		}
+		return Parsed{}, badRequest(ReasonInvalidJSON, "the request body is not valid JSON (error at byte %d of %d)", jerr.offset, len(body))
+	case !ok:
+		return Parsed{}, errors.New("unreachable: scan stopped without a reason")
+	}
+	if body[skipSpace(body, 0)] != '{' {
+		return Parsed{}, badRequest(ReasonNotObject, "the request body must be a JSON object")
+	}
+	if !seen[fieldModel] {
+		return Parsed{}, badRequest(ReasonMissingModel, "the request body has no \"model\" field")
+	}
+
+	var p Parsed
+	m := spans[fieldModel]
+	raw := body[m.start:m.end]
+	if raw[0] != '"' {
+		return Parsed{}, badRequest(ReasonModelNotString, "\"model\" must be a string, not %s", jsonType(raw[0]))
+	}
+	// A decoded string is at least a sixth of its escaped form (\uXXXX is
+	// 6 bytes for at most 3), so a long token is refused before decoding.
+	if len(raw)-2 > 6*maxModelLen {
+		return Parsed{}, badRequest(ReasonModelTooLong, "\"model\" is longer than %d bytes", maxModelLen)
+	}
+	p.Model = decodeString(raw, bytes.IndexByte(raw, '\\') >= 0)
+	p.ModelStart, p.ModelEnd = m.start, m.end
+	if err := config.ValidModelName(p.Model, maxModelLen); err != nil {
+		switch {
+		case errors.Is(err, config.ErrNameEmpty):
+			return Parsed{}, badRequest(ReasonEmptyModel, "\"model\" must not be empty")
+		case errors.Is(err, config.ErrNameTooLong):
+			return Parsed{}, badRequest(ReasonModelTooLong, "\"model\" is longer than %d bytes", maxModelLen)
+		}
+		// Never echo the name: it holds control characters.
+		return Parsed{}, badRequest(ReasonInvalidModel, "\"model\" contains a control character or invalid UTF-8")
+	}
+
+	if seen[fieldStream] {
+		s := spans[fieldStream]
+		switch string(body[s.start:s.end]) {
+		case "true":
+			p.Stream = true
+		case "false", "null":
+		default:
+			return Parsed{}, badRequest(ReasonInvalidField, "\"stream\" must be a boolean, not %s", jsonType(body[s.start]))
+		}
+	}
+	if seen[fieldMessages] {
+		s := spans[fieldMessages]
+		if body[s.start] != '[' {
+			return Parsed{}, badRequest(ReasonInvalidField, "\"messages\" must be an array, not %s", jsonType(body[s.start]))
+		}
+		p.Kind, p.PromptBytes = KindChat, s.end-s.start
+	}
+	if seen[fieldPrompt] {
+		s := spans[fieldPrompt]
+		if c := body[s.start]; c != '"' && c != '[' {
+			return Parsed{}, badRequest(ReasonInvalidField, "\"prompt\" must be a string or an array, not %s", jsonType(c))
+		}
+		if p.Kind == KindOther {
+			p.Kind, p.PromptBytes = KindCompletion, s.end-s.start
+		}
+	}
+	return p, nil
+}
+
+// fieldOf says which field of interest a member is, or -1.
+func fieldOf(body []byte, m member) int {
+	key := body[m.keyStart:m.keyEnd]
+	if m.keyEscaped {
+		// "mod\u0065l" is "model" to every JSON parser: decode before
+		// comparing so an escaped duplicate cannot slip through.
+		if len(key) > 6*len("messages") {
+			return -1
+		}
+		s := gjson.ParseBytes(body[m.keyStart-1 : m.keyEnd+1]).Str
+		for f, name := range fieldNames {
+			if s == name {
+				return f
+			}
+		}
+		return -1
+	}
+	switch string(key) { // no allocation: the compiler compares in place
+	case "model":
+		return fieldModel
+	case "stream":
+		return fieldStream
+	case "prompt":
+		return fieldPrompt
+	case "messages":
+		return fieldMessages
+	}
+	return -1
+}
+
+// decodeString returns the value of a valid JSON string token.
+func decodeString(tok []byte, escaped bool) string {
+	if !escaped {
+		return string(tok[1 : len(tok)-1])
+	}
+	// gjson decodes escapes (invalid surrogates become U+FFFD, which
+	// ValidModelName refuses).
+	return gjson.ParseBytes(tok).Str
+}
+
+// jsonType names the JSON type of a value from its first byte.
+func jsonType(c byte) string {
+	switch c {
+	case '{':
+		return "an object"
+	case '[':
+		return "an array"
+	case '"':
+		return "a string"
+	case 't', 'f':
+		return "a boolean"
+	case 'n':
+		return "null"
+	}
+	return "a number"
+}

@@ -1,0 +1,362 @@
+package filter
+
+import (
+	"bytes"
+	crand "crypto/rand"
+	"encoding/binary"
+	"errors"
+	"math/rand/v2"
+	"strings"
+	"time"
+
+	"github.com/tetratelabs/proxy-wasm-go-sdk/proxywasm/types"
+
+	"github.com/wasm-epp/wasm-epp/plugin/config"
+	"github.com/wasm-epp/wasm-epp/plugin/internal/proxywasm"
+	"github.com/wasm-epp/wasm-epp/scheduler"
+	"github.com/wasm-epp/wasm-epp/scheduler/wire"
+)
+
+// outcome is what became of one request; each request counts exactly once.
+type outcome int
+
+const (
+	outRouted outcome = iota
+	outFailOpen
+	outDropped
+	outBadRequest
+	outUnknownModel
+	outTooLarge
+	outNoEndpoint
+	outInternal
+	numOutcomes
+)
+
+var outcomeNames = [numOutcomes]string{"routed", "fail_open", "dropped", "bad_request",
+	"unknown_model", "too_large", "no_endpoint", "internal_error"}
+
+// router is the routing state of one plugin context on one VM. A
+// Proxy-Wasm VM is single-threaded, so nothing here is locked.
+type router struct {
+	cfg   *config.Config
+	sched *scheduler.Scheduler
+	// rnd draws weighted targets and fail-open endpoints.
+	rnd *rand.Rand
+	now func() time.Time
+
+	models map[string]*model
+	// mayRewrite: some model has a target other than itself, so a body
+	// may change and Content-Length must go.
+	mayRewrite bool
+	// passthrough is a reused model for unknown names when they are allowed.
+	passthrough model
+
+	snapshotKey, versionKey string
+	cache                   snapshotCache
+	limits                  wire.Limits
+
+	// req is reused for every request (the scheduler keeps no reference).
+	req scheduler.Request
+
+	m metrics
+	// lastFailOpenWarn rate-limits the fail-open warning.
+	lastFailOpenWarn time.Time
+	lastAgeSet       time.Time
+}
+
+// model is one configured model name.
+type model struct {
+	crit scheduler.Criticality
+	// targets is empty when the model serves itself.
+	targets []target
+	total   int
+}
+
+type target struct {
+	name string
+	// cum is the running sum of weights up to and including this target.
+	cum int
+}
+
+type metrics struct {
+	outcomes      [numOutcomes]proxywasm.MetricCounter
+	paths         map[string]proxywasm.MetricCounter
+	decodes       proxywasm.MetricCounter
+	decodeErrors  proxywasm.MetricCounter
+	scheduleMicro proxywasm.MetricHistogram
+	snapshotAge   proxywasm.MetricGauge
+	endpoints     proxywasm.MetricGauge
+}
+
+// snapshotCache is the per-VM decoded snapshot and the version it came from.
+type snapshotCache struct {
+	valid bool
+	// version is a copy of the version key's value (nil in cas mode).
+	version []byte
+	// cas identifies the snapshot value when no version key exists.
+	cas  uint32
+	snap *scheduler.Snapshot
+}
+
+var emptySnapshot = &scheduler.Snapshot{}
+
+func newRouter(cfg *config.Config, opts Options) (*router, error) {
+	seed1, seed2 := seeds(cfg.Seed)
+	r := &router{
+		cfg:         cfg,
+		rnd:         rand.New(rand.NewPCG(seed1, seed2^0x5eed)),
+		now:         opts.Now,
+		models:      make(map[string]*model, len(cfg.Models)),
+		passthrough: model{crit: scheduler.Sheddable},
+		snapshotKey: cfg.SnapshotKey(),
+		versionKey:  cfg.SnapshotVersionKey(),
+		limits:      wire.DefaultLimits(),
+	}
+	r.cache.snap = emptySnapshot
+	s, err := scheduler.New(cfg.SchedulerConfig, scheduler.NewRegistry(), scheduler.Options{
+		Rand:       rand.NewPCG(seed1, seed2),
+		Now:        opts.Now,
+		StaleAfter: time.Duration(cfg.StaleAfter),
+	})
+	if err != nil {
+		return nil, scheduler.PrefixError("scheduler", err)
+	}
+	r.sched = s
+	for _, m := range cfg.Models {
+		md := &model{crit: criticality(m.Criticality)}
+		for _, t := range m.Targets {
+			if t.Weight == 0 {
+				continue // configured but switched off
+			}
+			md.total += t.Weight
+			md.targets = append(md.targets, target{name: t.Name, cum: md.total})
+			if t.Name != m.Name {
+				r.mayRewrite = true
+			}
+		}
+		r.models[m.Name] = md
+	}
+	r.defineMetrics()
+	return r, nil
+}
+
+// seeds returns the configured seed, or fresh crypto-random seeds.
+func seeds(seed *uint64) (uint64, uint64) {
+	if seed != nil {
+		return *seed, *seed ^ 0x9e3779b97f4a7c15
+	}
+	var b [16]byte
+	_, _ = crand.Read(b[:]) // never fails (Go 1.24+ crashes instead)
+	return binary.LittleEndian.Uint64(b[:8]), binary.LittleEndian.Uint64(b[8:])
+}
+
+func criticality(s string) scheduler.Criticality {
+	switch s {
+	case config.CriticalityCritical:
+		return scheduler.Critical
+	case config.CriticalitySheddable:
+		return scheduler.Sheddable
+	}
+	return scheduler.Standard
+}
+
+func (r *router) defineMetrics() {
+	for i, name := range outcomeNames {
+		r.m.outcomes[i] = proxywasm.DefineCounterMetric("wasm_epp.requests." + name)
+	}
+	paths := r.sched.Paths()
+	r.m.paths = make(map[string]proxywasm.MetricCounter, len(paths))
+	for _, p := range paths {
+		r.m.paths[p] = proxywasm.DefineCounterMetric("wasm_epp.path." + PathMetricName(p))
+	}
+	r.m.decodes = proxywasm.DefineCounterMetric("wasm_epp.snapshot.decodes")
+	r.m.decodeErrors = proxywasm.DefineCounterMetric("wasm_epp.snapshot.decode_errors")
+	r.m.scheduleMicro = proxywasm.DefineHistogramMetric("wasm_epp.schedule_us")
+	r.m.snapshotAge = proxywasm.DefineGaugeMetric("wasm_epp.snapshot.age_ms")
+	r.m.endpoints = proxywasm.DefineGaugeMetric("wasm_epp.snapshot.endpoints")
+}
+
+// PathMetricName turns a scheduler path into a stat-name segment: "/"
+// becomes "." (Envoy's hierarchy separator) and anything outside
+// [a-z0-9_.-] becomes "_". Paths come from the configuration, never from
+// requests, so the set of names is fixed at start.
+func PathMetricName(path string) string {
+	return strings.Map(func(r rune) rune {
+		switch {
+		case r == '/':
+			return '.'
+		case r >= 'a' && r <= 'z', r >= '0' && r <= '9', r == '_', r == '-', r == '.':
+			return r
+		case r >= 'A' && r <= 'Z':
+			return r + ('a' - 'A')
+		}
+		return '_'
+	}, path)
+}
+
+// setGauge sets a gauge shared by every worker VM to v. The SDK API only
+// adds, and Envoy keeps one stat per name for all workers, so add the
+// difference to the current value: the last writer wins, which is right for
+// values every worker derives from the same shared data.
+func setGauge(g proxywasm.MetricGauge, v int64) {
+	if d := v - g.Value(); d != 0 {
+		g.Add(d)
+	}
+}
+
+func (r *router) count(o outcome) { r.m.outcomes[o].Increment(1) }
+
+// pickTarget draws the model a request is served by.
+func (r *router) pickTarget(m *model, requested string) string {
+	switch len(m.targets) {
+	case 0:
+		return requested
+	case 1:
+		return m.targets[0].name
+	}
+	x := r.rnd.IntN(m.total)
+	for _, t := range m.targets {
+		if x < t.cum {
+			return t.name
+		}
+	}
+	return m.targets[len(m.targets)-1].name // unreachable: x < total
+}
+
+// snapshot returns the current snapshot, decoding shared data only when its
+// version changed since the last call on this VM.
+func (r *router) snapshot() *scheduler.Snapshot {
+	v, _, err := proxywasm.GetSharedData(r.versionKey)
+	switch {
+	case err == nil && len(v) > 0:
+		if r.cache.valid && r.cache.version != nil && bytes.Equal(v, r.cache.version) {
+			return r.cache.snap
+		}
+		data, _, err := proxywasm.GetSharedData(r.snapshotKey)
+		r.install(data, err)
+		r.cache.valid, r.cache.version = true, append(r.cache.version[:0], v...)
+		return r.cache.snap
+	case err != nil && !errors.Is(err, types.ErrorStatusNotFound):
+		proxywasm.LogErrorf("wasm-epp: cannot read shared data %q: %v", r.versionKey, err)
+	}
+	// No version key (a writer that only writes the snapshot): fall back to
+	// the snapshot's own cas, at the price of copying it on every request.
+	data, cas, err := proxywasm.GetSharedData(r.snapshotKey)
+	if r.cache.valid && r.cache.version == nil && cas == r.cache.cas && err == nil {
+		return r.cache.snap
+	}
+	r.install(data, err)
+	r.cache.valid, r.cache.version, r.cache.cas = true, nil, cas
+	return r.cache.snap
+}
+
+// install decodes a stored snapshot read from shared data into the cache.
+func (r *router) install(data []byte, err error) {
+	switch {
+	case errors.Is(err, types.ErrorStatusNotFound) || (err == nil && len(data) == 0):
+		r.cache.snap = emptySnapshot
+		setGauge(r.m.endpoints, 0)
+		return
+	case err != nil:
+		proxywasm.LogErrorf("wasm-epp: cannot read shared data %q: %v; keeping the previous snapshot", r.snapshotKey, err)
+		return
+	}
+	snap, err := wire.DecodeSnapshot(data, r.limits, wire.SnapshotOptions{})
+	if err != nil {
+		r.m.decodeErrors.Increment(1)
+		proxywasm.LogErrorf("wasm-epp: stored snapshot unreadable, keeping the previous one: %v", err)
+		return
+	}
+	r.m.decodes.Increment(1)
+	r.cache.snap = snap
+	setGauge(r.m.endpoints, int64(len(snap.Endpoints)))
+}
+
+// decision is a scheduling result after the fail-open policy.
+type decision struct {
+	res      scheduler.Result
+	outcome  outcome
+	endpoint *scheduler.Endpoint
+}
+
+// decide runs the scheduler (bodyless: least loaded) on snap, applies the
+// fail-open policy, and counts the decision path and the time it took.
+func (r *router) decide(req *scheduler.Request, snap *scheduler.Snapshot) decision {
+	start := time.Now()
+	var res scheduler.Result
+	if req == nil {
+		res = r.sched.LeastLoaded(snap)
+	} else {
+		res = r.sched.Schedule(req, snap)
+	}
+	d := decision{res: res}
+	switch res.Outcome {
+	case scheduler.Routed:
+		d.outcome, d.endpoint = outRouted, res.Endpoint
+	case scheduler.Dropped:
+		d.outcome = outDropped
+	case scheduler.AllStale:
+		d.outcome = outNoEndpoint
+		if r.cfg.WhenNoFreshEndpoint == config.NoFreshFailOpen && len(snap.Endpoints) > 0 {
+			// Stale metrics say nothing reliable about load: spread the
+			// traffic uniformly over every endpoint we last knew.
+			d.outcome, d.endpoint = outFailOpen, &snap.Endpoints[r.rnd.IntN(len(snap.Endpoints))]
+		}
+	default:
+		d.outcome = outNoEndpoint
+	}
+	elapsed := time.Since(start)
+	r.m.scheduleMicro.Record(uint64(elapsed / time.Microsecond))
+	if c, ok := r.m.paths[res.Path]; ok {
+		c.Increment(1)
+	}
+	now := r.now()
+	if !snap.Time.IsZero() && now.Sub(r.lastAgeSet) >= 100*time.Millisecond {
+		r.lastAgeSet = now
+		age := now.Sub(snap.Time)
+		if age < 0 {
+			age = 0
+		}
+		setGauge(r.m.snapshotAge, int64(age/time.Millisecond))
+	}
+	if d.outcome == outFailOpen && now.Sub(r.lastFailOpenWarn) >= 10*time.Second {
+		r.lastFailOpenWarn = now
+		proxywasm.LogWarnf("wasm-epp: every endpoint's metrics are older than %s: failing open to random endpoints (counted in wasm_epp.requests.fail_open; this warning repeats at most every 10s)",
+			time.Duration(r.cfg.StaleAfter))
+	}
+	return d
+}
+
+// destination formats ip:port ([v6]:port) for the ORIGINAL_DST header;
+// TargetPort, when set, replaces the reported port.
+func (r *router) destination(ep *scheduler.Endpoint) string {
+	port := ep.Port
+	if r.cfg.TargetPort != 0 {
+		port = r.cfg.TargetPort
+	}
+	b := make([]byte, 0, len(ep.Address)+8)
+	if strings.IndexByte(ep.Address, ':') >= 0 {
+		b = append(b, '[')
+		b = append(b, ep.Address...)
+		b = append(b, ']')
+	} else {
+		b = append(b, ep.Address...)
+	}
+	b = append(b, ':')
+	b = appendUint(b, uint64(port))
+	return string(b)
+}
+
+func appendUint(b []byte, v uint64) []byte {
+	var tmp [20]byte
+	i := len(tmp)
+	for {
+		i--
+		tmp[i] = byte('0' + v%10)
+		v /= 10
+		if v == 0 {
+			break
+		}
+	}
+	return append(b, tmp[i:]...)
+}
