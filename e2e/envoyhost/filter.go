@@ -6,6 +6,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -117,6 +118,7 @@ type stream struct {
 	reset           bool
 	reqPermit       chan struct{}
 	readPaused      bool
+	readerBusy      atomic.Bool // the body reader may be inside Body.Read
 
 	up          *upstreamCall
 	upGen       int
@@ -619,6 +621,7 @@ func (s *stream) grantRead() {
 
 // readRequestBody delivers the downstream body one chunk per permit.
 func (s *stream) readRequestBody() {
+	defer s.readerBusy.Store(false)
 	var total int64
 	cl := s.r.ContentLength
 	for {

@@ -29,6 +29,7 @@ const (
 	testPluginPkg    = "./plugin/internal/testplugin"
 	trivialGuestPkg  = "./e2e/envoyhost/testdata/guests/trivial"
 	missingImportPkg = "./e2e/envoyhost/testdata/guests/missingimport"
+	rewriteGuestPkg  = "./e2e/envoyhost/testdata/guests/rewrite"
 )
 
 // compilationCacheDir keeps wazero's compiled code between test runs.

@@ -46,6 +46,10 @@ type Host struct {
 	admin     *http.Server
 	adminLn   net.Listener
 
+	// testHookRequestData, set by tests only, sees every downstream body
+	// chunk after the stream handled it.
+	testHookRequestData atomic.Pointer[func(listener string, n int, eos bool)]
+
 	started atomic.Bool
 	closed  atomic.Bool
 	bg      sync.WaitGroup // callouts, queue deliveries, servers

@@ -110,6 +110,7 @@ func (s *stream) run() {
 	eos := s.r.Body == nil || s.r.Body == http.NoBody || s.r.ContentLength == 0
 	if !eos {
 		s.reqPermit = make(chan struct{}, 1)
+		s.readerBusy.Store(true)
 		go s.readRequestBody()
 	}
 	s.decodeHeaders(eos)
@@ -124,7 +125,9 @@ func (s *stream) run() {
 		}
 	}
 	s.complete()
-	if s.reset {
+	// A reset, or a response that finished before the request body did,
+	// closes the connection (the body reader may still be reading it).
+	if s.reset || s.readerBusy.Load() {
 		panic(http.ErrAbortHandler)
 	}
 }
@@ -137,6 +140,9 @@ func (s *stream) handle(ev streamEvent) {
 		s.bytesReceived += int64(len(ev.data))
 		s.onRequestData(ev.data, ev.eos)
 		s.grantRead()
+		if hook := s.host.testHookRequestData.Load(); hook != nil {
+			(*hook)(s.lis.cfg.Name, len(ev.data), ev.eos)
+		}
 	case evReqError:
 		s.resetStream()
 	case evUpHeaders:

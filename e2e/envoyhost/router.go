@@ -105,16 +105,24 @@ type upstreamCall struct {
 
 // chunkPipe is the request body on its way upstream: the stream writes
 // chunks without blocking, the transport reads them.
+//
+// With a declared Content-Length (limit >= 0) it behaves like the upstream
+// reading an HTTP/1 body of that length: bytes past the limit are not part
+// of this request (they are dropped here; Envoy would have written them on
+// the connection, where they break the next request), and a body that ends
+// short leaves the upstream waiting for the rest (until the route timeout).
+// Envoy never fixes Content-Length when a filter changes the body.
 type chunkPipe struct {
 	mu     sync.Mutex
 	cond   *sync.Cond
 	chunks [][]byte
 	closed bool
 	err    error
+	limit  int64 // remaining declared bytes, -1 = none declared
 }
 
-func newChunkPipe() *chunkPipe {
-	p := &chunkPipe{}
+func newChunkPipe(limit int64) *chunkPipe {
+	p := &chunkPipe{limit: limit}
 	p.cond = sync.NewCond(&p.mu)
 	return p
 }
@@ -142,20 +150,33 @@ func (p *chunkPipe) abort(err error) {
 func (p *chunkPipe) Read(b []byte) (int, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	for len(p.chunks) == 0 && !p.closed {
+	for {
+		if p.err != nil {
+			return 0, p.err
+		}
+		if p.limit == 0 {
+			return 0, io.EOF
+		}
+		if len(p.chunks) > 0 {
+			break
+		}
+		if p.closed && p.limit < 0 {
+			return 0, io.EOF
+		}
+		// Short of the declared length the upstream keeps waiting.
 		p.cond.Wait()
 	}
-	if p.err != nil {
-		return 0, p.err
-	}
-	if len(p.chunks) == 0 {
-		return 0, io.EOF
+	if p.limit >= 0 && int64(len(b)) > p.limit {
+		b = b[:p.limit]
 	}
 	n := copy(b, p.chunks[0])
 	if n == len(p.chunks[0]) {
 		p.chunks = p.chunks[1:]
 	} else {
 		p.chunks[0] = p.chunks[0][n:]
+	}
+	if p.limit >= 0 {
+		p.limit -= int64(n)
 	}
 	return n, nil
 }
@@ -188,10 +209,13 @@ func (s *stream) routerHeaders(eos bool) {
 	s.upGen++
 	ctx, cancel := context.WithCancel(s.host.ctx)
 	up := &upstreamCall{gen: s.upGen, cancel: cancel, permit: make(chan struct{}, 1)}
-	if !eos {
-		up.body = newChunkPipe()
+	if !eos || req.ContentLength > 0 {
+		up.body = newChunkPipe(req.ContentLength)
 		req.Body = up.body
 		req.GetBody = nil
+		if eos {
+			up.body.write(nil, true)
+		}
 	}
 	s.up = up
 	s.upstreamRTT = time.Now()
