@@ -1,0 +1,244 @@
+package metricsagent
+
+import (
+	"context"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/wasm-epp/wasm-epp/scheduler/wire"
+)
+
+// Agent runs scrape-and-push cycles.
+type Agent struct {
+	id       string
+	interval time.Duration
+	disc     Discoverer
+	scraper  *Scraper
+	envoys   EnvoyTargets
+	pusher   *Pusher
+	now      func() time.Time
+	log      *slog.Logger
+	metrics  *Metrics
+	limits   wire.Limits
+
+	seq    uint64
+	pods   map[string]*podState // by Target.Key
+	ready  atomic.Bool
+	cycles atomic.Uint64
+}
+
+// podState is what the agent remembers of one pod between cycles.
+type podState struct {
+	target   Target
+	last     PodMetrics // last good values, kept through failures
+	lastGood time.Time  // zero until a scrape succeeds
+	status   wire.ScrapeStatus
+}
+
+// Options configure an Agent. Every field is required except Now (default
+// time.Now) and Limits (zero means wire defaults).
+type Options struct {
+	AgentID    string
+	Interval   time.Duration
+	Discoverer Discoverer
+	Scraper    *Scraper
+	Envoys     EnvoyTargets
+	Pusher     *Pusher
+	Now        func() time.Time
+	Log        *slog.Logger
+	Metrics    *Metrics
+	Limits     wire.Limits
+}
+
+// NewAgent builds an agent.
+func NewAgent(o Options) *Agent {
+	if o.Now == nil {
+		o.Now = time.Now
+	}
+	return &Agent{
+		id: o.AgentID, interval: o.Interval, disc: o.Discoverer, scraper: o.Scraper,
+		envoys: o.Envoys, pusher: o.Pusher, now: o.Now, log: o.Log, metrics: o.Metrics, limits: o.Limits,
+		// The sequence starts at the current Unix time in nanoseconds and
+		// then grows by one per push. A restarted agent therefore starts
+		// above anything its previous run sent (that run would have needed
+		// to push more than once per nanosecond to get ahead), so the
+		// receiver, which refuses a sequence not above the last accepted,
+		// takes the new process at once without any state kept on disk.
+		seq:  uint64(o.Now().UnixNano()),
+		pods: map[string]*podState{},
+	}
+}
+
+// Ready reports whether a first cycle has completed (for /readyz).
+func (a *Agent) Ready() bool { return a.ready.Load() }
+
+// Run runs a cycle every interval until ctx ends. A cycle that overruns
+// the interval delays the next one (ticks are dropped, never queued).
+func (a *Agent) Run(ctx context.Context) {
+	t := time.NewTicker(a.interval)
+	defer t.Stop()
+	for {
+		a.Cycle(ctx)
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+type scrapeResult struct {
+	m   PodMetrics
+	err error
+	at  time.Time
+}
+
+// Cycle scrapes every target concurrently, waits for all (each scrape is
+// bounded by the scrape timeout), builds one push and hands it to the
+// pushers. It returns the payload handed over (nil if none).
+func (a *Agent) Cycle(ctx context.Context) []byte {
+	start := time.Now()
+	targets := a.disc.Targets()
+	results := make([]scrapeResult, len(targets))
+	var wg sync.WaitGroup
+	for i, t := range targets {
+		wg.Go(func() {
+			began := time.Now()
+			m, err := a.scraper.Scrape(ctx, t.URL)
+			a.metrics.ScrapeDuration.WithLabelValues(t.ID()).Observe(time.Since(began).Seconds())
+			results[i] = scrapeResult{m: m, err: err, at: a.now()}
+		})
+	}
+	wg.Wait()
+	if ctx.Err() != nil {
+		return nil // shutting down: these failures are ours, not the pods'
+	}
+
+	seen := make(map[string]bool, len(targets))
+	for i, t := range targets {
+		seen[t.Key()] = true
+		a.record(t, results[i])
+	}
+	for key, st := range a.pods {
+		if !seen[key] {
+			delete(a.pods, key)
+			if !a.hasID(st.target.ID()) {
+				a.metrics.forgetPod(st.target.ID())
+			}
+			a.log.Info("pod no longer discovered", "pod", st.target.ID())
+		}
+	}
+
+	eps, unhealthy := a.endpoints()
+	a.seq++
+	p := &wire.Push{AgentID: a.id, Seq: a.seq, SendTime: a.now(), Endpoints: eps}
+	payload, err := wire.EncodePush(p, a.limits)
+	if err != nil {
+		// Only possible if more pods than the wire limit were discovered:
+		// nothing is pushed, the receiver lets this node's endpoints age.
+		a.log.Error("cannot encode push", "err", err, "endpoints", len(eps))
+		return nil
+	}
+	envoys := a.envoys.Targets(ctx)
+	a.pusher.Publish(envoys, payload)
+
+	a.metrics.EndpointsReported.Set(float64(len(eps)))
+	a.metrics.EndpointsUnhealthy.Set(float64(unhealthy))
+	a.metrics.PushBytes.Set(float64(len(payload)))
+	a.metrics.EnvoyTargets.Set(float64(len(envoys)))
+	a.metrics.CycleDuration.Observe(time.Since(start).Seconds())
+	a.cycles.Add(1)
+	a.ready.Store(true)
+	return payload
+}
+
+func (a *Agent) hasID(id string) bool {
+	for _, st := range a.pods {
+		if st.target.ID() == id {
+			return true
+		}
+	}
+	return false
+}
+
+// record folds one scrape into the pod's state: a success replaces the
+// values and their time; a failure keeps both (the pod ages towards stale
+// at the receiver) and only changes the status.
+func (a *Agent) record(t Target, r scrapeResult) {
+	st, ok := a.pods[t.Key()]
+	if !ok {
+		st = &podState{target: t}
+		a.pods[t.Key()] = st
+	}
+	if r.err == nil {
+		if err := a.validate(t, r.m, r.at); err != nil {
+			r.err = &ScrapeError{Status: wire.ScrapeInvalidValue, Err: err}
+		}
+	}
+	prev := st.status
+	if r.err != nil {
+		st.status = StatusOf(r.err)
+		a.metrics.ScrapeErrors.WithLabelValues(t.ID(), st.status.String()).Inc()
+		if prev == wire.ScrapeOK {
+			a.log.Warn("scrape failing", "pod", t.ID(), "url", t.URL, "reason", st.status.String(), "err", r.err)
+		} else {
+			a.log.Debug("scrape failed", "pod", t.ID(), "reason", st.status.String(), "err", r.err)
+		}
+		return
+	}
+	st.last, st.lastGood, st.status = r.m, r.at, wire.ScrapeOK
+	if prev != wire.ScrapeOK {
+		a.log.Info("scrape recovered", "pod", t.ID())
+	}
+}
+
+// validate checks values against the wire format before they are kept, so
+// one pod with, say, an over-long adapter name fails its own scrape instead
+// of the whole push.
+func (a *Agent) validate(t Target, m PodMetrics, at time.Time) error {
+	e := endpointState(t, m, at, wire.ScrapeOK)
+	return (&wire.Push{AgentID: a.id, Seq: 1, SendTime: at, Endpoints: []wire.EndpointState{e}}).Validate(a.limits)
+}
+
+func endpointState(t Target, m PodMetrics, at time.Time, status wire.ScrapeStatus) wire.EndpointState {
+	return wire.EndpointState{
+		Namespace: t.Namespace, Name: t.Name, Address: t.Address, Port: t.Port,
+		Waiting: m.Waiting, Running: m.Running, KVCacheUsage: m.KVCacheUsage,
+		ActiveAdapters: m.ActiveAdapters, WaitingAdapters: m.WaitingAdapters, MaxAdapters: m.MaxAdapters,
+		ScrapeTime: at, LastError: status,
+	}
+}
+
+// endpoints lists every pod with a good scrape so far, in wire order. A pod
+// never scraped successfully has no values to report and is left out.
+func (a *Agent) endpoints() (eps []wire.EndpointState, unhealthy int) {
+	eps = make([]wire.EndpointState, 0, len(a.pods))
+	ids := make(map[string]bool, len(a.pods))
+	for _, st := range a.pods {
+		if st.lastGood.IsZero() {
+			continue
+		}
+		if ids[st.target.ID()] {
+			// Two targets with one name (static targets can't; a pod
+			// whose IP changed between discovery refreshes could): keep
+			// the fresher, as the receiver would.
+			for i := range eps {
+				if eps[i].Namespace == st.target.Namespace && eps[i].Name == st.target.Name && eps[i].ScrapeTime.Before(st.lastGood) {
+					eps[i] = endpointState(st.target, st.last, st.lastGood, st.status)
+				}
+			}
+			continue
+		}
+		ids[st.target.ID()] = true
+		eps = append(eps, endpointState(st.target, st.last, st.lastGood, st.status))
+	}
+	wire.Normalize(eps)
+	for i := range eps {
+		if !eps[i].Healthy() {
+			unhealthy++
+		}
+	}
+	return eps, unhealthy
+}

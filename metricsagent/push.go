@@ -1,0 +1,313 @@
+package metricsagent
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/netip"
+	"os"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+)
+
+// EnvoyTargets lists the Envoy replicas ("ip:port") to push to this cycle.
+type EnvoyTargets interface {
+	Targets(ctx context.Context) []string
+}
+
+// StaticEnvoys is a fixed list of host:port.
+type StaticEnvoys []string
+
+// ParseStaticEnvoys parses "host:port,host:port".
+func ParseStaticEnvoys(spec string) (StaticEnvoys, error) {
+	var out StaticEnvoys
+	for entry := range strings.SplitSeq(spec, ",") {
+		if entry = strings.TrimSpace(entry); entry == "" {
+			continue
+		}
+		host, port, err := net.SplitHostPort(entry)
+		if err != nil || host == "" {
+			return nil, fmt.Errorf("envoy target %q: want host:port", entry)
+		}
+		if _, err := parsePort(port); err != nil {
+			return nil, fmt.Errorf("envoy target %q: %w", entry, err)
+		}
+		if slices.Contains(out, entry) {
+			return nil, fmt.Errorf("envoy target %q listed twice", entry)
+		}
+		out = append(out, entry)
+	}
+	if len(out) == 0 {
+		return nil, fmt.Errorf("no envoy targets in %q", spec)
+	}
+	return out, nil
+}
+
+// Targets returns the list.
+func (s StaticEnvoys) Targets(context.Context) []string { return s }
+
+// DNSEnvoys pushes to every address behind a name, typically a headless
+// Service whose A/AAAA records are the Envoy pods.
+type DNSEnvoys struct {
+	Name     string
+	Port     uint16
+	Resolver Resolver
+	// Refresh is the least time between two lookups. The name is looked up
+	// again every cycle once this has passed; 0 looks up every cycle. A
+	// lookup per 50 ms cycle per node would put thousands of queries a
+	// second on the cluster DNS for no gain: replicas come and go in seconds.
+	Refresh time.Duration
+	Timeout time.Duration
+	Now     func() time.Time
+	Log     *slog.Logger
+	Errors  interface{ Inc() }
+
+	last   time.Time
+	cached []string
+}
+
+// ParseEnvoyDNS parses "name:port".
+func ParseEnvoyDNS(spec string) (string, uint16, error) {
+	host, port, err := net.SplitHostPort(spec)
+	if err != nil || host == "" {
+		return "", 0, fmt.Errorf("envoy dns %q: want name:port", spec)
+	}
+	p, err := parsePort(port)
+	if err != nil {
+		return "", 0, fmt.Errorf("envoy dns %q: %w", spec, err)
+	}
+	return host, p, nil
+}
+
+// Targets resolves the name when Refresh has passed; on failure it keeps
+// the previous addresses (and counts and logs the failure).
+func (d *DNSEnvoys) Targets(ctx context.Context) []string {
+	now := d.Now()
+	if d.cached != nil && now.Sub(d.last) < d.Refresh {
+		return d.cached
+	}
+	d.last = now
+	ctx, cancel := context.WithTimeout(ctx, d.Timeout)
+	defer cancel()
+	addrs, err := d.Resolver.LookupNetIP(ctx, "ip", d.Name)
+	if err != nil || len(addrs) == 0 {
+		d.Errors.Inc()
+		d.Log.Warn("envoy DNS lookup failed; keeping previous targets", "name", d.Name, "err", err, "kept", len(d.cached))
+		return d.cached
+	}
+	out := make([]string, 0, len(addrs))
+	for _, a := range addrs {
+		out = append(out, netip.AddrPortFrom(a.Unmap(), d.Port).String())
+	}
+	slices.Sort(out)
+	d.cached = slices.Compact(out)
+	return d.cached
+}
+
+// TokenSource yields the push bearer token: from a file (a mounted Secret,
+// re-read at most every Refresh so a rotated Secret is picked up) or a
+// fixed value (from the environment). The token is never logged.
+type TokenSource struct {
+	File    string
+	Value   string
+	Refresh time.Duration
+
+	mu     sync.Mutex
+	readAt time.Time
+	cached string
+}
+
+// Token returns the current token, or an error when there is none.
+func (t *TokenSource) Token() (string, error) {
+	if t.File == "" {
+		if t.Value == "" {
+			return "", errors.New("no push token configured")
+		}
+		return t.Value, nil
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.cached != "" && time.Since(t.readAt) < t.Refresh {
+		return t.cached, nil
+	}
+	b, err := os.ReadFile(t.File)
+	if err != nil {
+		if t.cached != "" {
+			return t.cached, nil // keep the last token through a transient error
+		}
+		return "", fmt.Errorf("push token file: %w", err)
+	}
+	tok := strings.TrimSpace(string(b))
+	if tok == "" {
+		return "", fmt.Errorf("push token file %s is empty", t.File)
+	}
+	if strings.ContainsAny(tok, "\r\n\x00") {
+		return "", fmt.Errorf("push token file %s holds more than one line", t.File)
+	}
+	t.cached, t.readAt = tok, time.Now()
+	return tok, nil
+}
+
+// Pusher sends each payload to every Envoy target. Every target has its own
+// goroutine and a one-slot mailbox holding the newest payload: a slow or
+// dead Envoy only ever delays itself, and when it comes back it gets the
+// newest state, not a backlog.
+type Pusher struct {
+	Client  *http.Client
+	Path    string
+	Timeout time.Duration
+	Token   *TokenSource
+	Log     *slog.Logger
+	Metrics *Metrics
+	// Sent, if set, is called after every attempt (tests use it).
+	Sent func(target string, err error)
+
+	mu      sync.Mutex
+	workers map[string]*pushWorker
+	wg      sync.WaitGroup
+}
+
+type pushWorker struct {
+	target  string
+	mailbox chan []byte
+	ctx     context.Context // cancelled when the target goes away or on Close
+	cancel  context.CancelFunc
+	failing bool // only the worker goroutine touches it
+}
+
+// NewPushClient returns the HTTP client for pushes: kept-alive connections
+// to each Envoy, no proxy from the environment.
+func NewPushClient() *http.Client {
+	return &http.Client{Transport: &http.Transport{
+		Proxy:               nil,
+		DialContext:         (&net.Dialer{Timeout: time.Second, KeepAlive: 30 * time.Second}).DialContext,
+		MaxIdleConnsPerHost: 2,
+		IdleConnTimeout:     90 * time.Second,
+	}}
+}
+
+// Publish hands payload to the workers of targets, starting workers for new
+// targets and stopping those of targets no longer listed. It never blocks on
+// the network. payload must not be modified afterwards.
+func (p *Pusher) Publish(targets []string, payload []byte) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.workers == nil {
+		p.workers = map[string]*pushWorker{}
+	}
+	for t, w := range p.workers {
+		if !slices.Contains(targets, t) {
+			w.cancel()
+			delete(p.workers, t)
+			p.Metrics.forgetTarget(t)
+			p.Log.Info("envoy target removed", "target", t)
+		}
+	}
+	for _, t := range targets {
+		w, ok := p.workers[t]
+		if !ok {
+			w = &pushWorker{target: t, mailbox: make(chan []byte, 1)}
+			w.ctx, w.cancel = context.WithCancel(context.Background())
+			p.workers[t] = w
+			p.wg.Add(1)
+			go p.run(w)
+			p.Log.Info("envoy target added", "target", t)
+		}
+		select { // drop the payload the worker has not taken yet: this one is newer
+		case <-w.mailbox:
+		default:
+		}
+		w.mailbox <- payload
+	}
+}
+
+// Close stops every worker and waits for them; a push in flight is
+// abandoned at its timeout at the latest.
+func (p *Pusher) Close() {
+	p.mu.Lock()
+	for t, w := range p.workers {
+		w.cancel()
+		delete(p.workers, t)
+	}
+	p.mu.Unlock()
+	p.wg.Wait()
+}
+
+func (p *Pusher) run(w *pushWorker) {
+	defer p.wg.Done()
+	for {
+		select {
+		case <-w.ctx.Done():
+			return
+		case b := <-w.mailbox:
+			p.send(w, b)
+		}
+	}
+}
+
+func (p *Pusher) send(w *pushWorker, payload []byte) {
+	start := time.Now()
+	reason, err := p.post(w, payload)
+	p.Metrics.PushDuration.WithLabelValues(w.target).Observe(time.Since(start).Seconds())
+	if p.Sent != nil {
+		p.Sent(w.target, err)
+	}
+	if err != nil {
+		p.Metrics.PushErrors.WithLabelValues(w.target, reason).Inc()
+		if !w.failing {
+			w.failing = true
+			hint := ""
+			if reason == "http_409" {
+				hint = "the receiver has a newer sequence from this agent id: is another agent using the same --agent-id?"
+			}
+			p.Log.Warn("push failing", "target", w.target, "reason", reason, "err", err, "hint", hint)
+		} else {
+			p.Log.Debug("push failed", "target", w.target, "reason", reason, "err", err)
+		}
+		return
+	}
+	if w.failing {
+		w.failing = false
+		p.Log.Info("push recovered", "target", w.target)
+	}
+}
+
+// maxReplyBytes bounds how much of an error reply is read into the log.
+const maxReplyBytes = 512
+
+func (p *Pusher) post(w *pushWorker, payload []byte) (reason string, err error) {
+	token, err := p.Token.Token()
+	if err != nil {
+		return "token", err
+	}
+	ctx, cancel := context.WithTimeout(w.ctx, p.Timeout)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://"+w.target+p.Path, bytes.NewReader(payload))
+	if err != nil {
+		return "request", err
+	}
+	req.Header.Set("Authorization", "Bearer "+token)
+	req.Header.Set("Content-Type", "application/octet-stream")
+	resp, err := p.Client.Do(req)
+	if err != nil {
+		if ctx.Err() != nil {
+			return "timeout", err
+		}
+		return "connect", err
+	}
+	defer resp.Body.Close()
+	reply, _ := io.ReadAll(io.LimitReader(resp.Body, maxReplyBytes))
+	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10)) // let the connection be reused
+	if resp.StatusCode/100 != 2 {
+		return "http_" + strconv.Itoa(resp.StatusCode), fmt.Errorf("status %d: %s", resp.StatusCode, strings.TrimSpace(string(reply)))
+	}
+	return "", nil
+}
