@@ -26,7 +26,9 @@ type fakePods struct {
 	cs *fake.Clientset
 }
 
-func (f fakePods) IsWatchListSemanticsUnSupported() bool { return f.cs.IsWatchListSemanticsUnSupported() }
+func (f fakePods) IsWatchListSemanticsUnSupported() bool {
+	return f.cs.IsWatchListSemanticsUnSupported()
+}
 
 func podsOf(cs *fake.Clientset) fakePods { return fakePods{cs.CoreV1(), cs} }
 
