@@ -60,8 +60,9 @@ type Result struct {
 	// split Measured.
 	Arrivals, Measured             int
 	Completed, Dropped, NoEndpoint int
-	// DroppedAll counts drops over the whole run.
-	DroppedAll int
+	// DroppedAll and NoEndpointAll count over the whole run, warmup
+	// included: Arrivals = Σ Routed + DroppedAll + NoEndpointAll.
+	DroppedAll, NoEndpointAll int
 
 	// ThroughputRPS is completions per second inside the window (whenever
 	// they arrived); OutputTokPS generated tokens per second inside it.
@@ -74,12 +75,21 @@ type Result struct {
 	TTFT, TPOT, NTPOT, E2E Quantiles
 
 	// AdapterLoads and Preemptions are summed over replicas inside the
-	// window.
+	// window (and over seeds).
 	AdapterLoads, Preemptions int64
+	// Seeds is how many seeds were pooled (RunSeeds); counts are totals
+	// over them, rates and latencies describe the pool.
+	Seeds int
 	// Routed counts requests sent to each replica over the whole run.
 	Routed []int
 	// End is the virtual time when the last request finished.
 	End time.Duration
+}
+
+// PerMinute turns a count of r (summed over its seeds) into a rate per
+// simulated minute of measurement window.
+func (r *Result) PerMinute(count int64) float64 {
+	return float64(count) / (r.Window.Minutes() * float64(max(r.Seeds, 1)))
 }
 
 // flight is one request's simulation state. It embeds the replica's
@@ -110,9 +120,65 @@ func (f *flights) add() (*flight, uint64) {
 
 func (f *flights) get(id uint64) *flight { return &f.slabs[id/slabSize][id%slabSize] }
 
+// samples are the latencies of measured completed requests.
+type samples struct {
+	ttft, tpot, ntpot, e2e []time.Duration
+}
+
 // Run simulates one configuration. It is deterministic: the same config
 // gives the same Result.
 func Run(cfg RunConfig) (Result, error) {
+	return RunSeeds(cfg, 1)
+}
+
+// RunSeeds runs cfg with seeds cfg.Seed, cfg.Seed+1, ... (n in all) and
+// pools them: counts are summed, rates averaged, and the latency
+// percentiles taken over every measured request of every seed. Near
+// saturation one seed's percentiles swing a lot (the queue is a critically
+// loaded random walk); pooling a few seeds steadies them.
+func RunSeeds(cfg RunConfig, n int) (Result, error) {
+	if n < 1 {
+		return Result{}, fmt.Errorf("fleet: %d seeds, want at least 1", n)
+	}
+	var all samples
+	var pooled Result
+	for k := range n {
+		c := cfg
+		c.Seed = cfg.Seed + uint64(k)
+		r, err := runOnce(c, &all)
+		if err != nil {
+			return r, err
+		}
+		if k == 0 {
+			pooled = r
+			continue
+		}
+		pooled.Arrivals += r.Arrivals
+		pooled.Measured += r.Measured
+		pooled.Completed += r.Completed
+		pooled.Dropped += r.Dropped
+		pooled.NoEndpoint += r.NoEndpoint
+		pooled.DroppedAll += r.DroppedAll
+		pooled.NoEndpointAll += r.NoEndpointAll
+		pooled.ThroughputRPS += r.ThroughputRPS
+		pooled.OutputTokPS += r.OutputTokPS
+		pooled.AdapterLoads += r.AdapterLoads
+		pooled.Preemptions += r.Preemptions
+		for i := range pooled.Routed {
+			pooled.Routed[i] += r.Routed[i]
+		}
+		pooled.End = max(pooled.End, r.End)
+	}
+	pooled.Seeds = n
+	pooled.ThroughputRPS /= float64(n)
+	pooled.OutputTokPS /= float64(n)
+	pooled.TTFT, pooled.TPOT, pooled.NTPOT, pooled.E2E = summarize(all.ttft), summarize(all.tpot), summarize(all.ntpot), summarize(all.e2e)
+	return pooled, nil
+}
+
+// runOnce simulates one seed, appending its latency samples to into; the
+// Result's Quantiles are left for the caller.
+func runOnce(cfg RunConfig, into *samples) (Result, error) {
 	sc := cfg.Scenario
 	if err := sc.Validate(); err != nil {
 		return Result{}, err
@@ -191,7 +257,8 @@ func Run(cfg RunConfig) (Result, error) {
 	const never = time.Duration(math.MaxInt64)
 
 	var store flights
-	var ttft, tpot, ntpot, e2e []time.Duration
+	ttft, tpot, ntpot, e2e := into.ttft, into.tpot, into.ntpot, into.e2e
+	defer func() { into.ttft, into.tpot, into.ntpot, into.e2e = ttft, tpot, ntpot, e2e }()
 	var atStart, atEnd vllmsim.Counters
 	started, ended := false, false
 	outstanding := 0
@@ -282,6 +349,7 @@ func Run(cfg RunConfig) (Result, error) {
 					res.Dropped++
 				}
 			default:
+				res.NoEndpointAll++
 				if f.measured {
 					res.NoEndpoint++
 				}
@@ -307,6 +375,5 @@ func Run(cfg RunConfig) (Result, error) {
 	res.OutputTokPS = float64(atEnd.GenerationTokens-atStart.GenerationTokens) / secs
 	res.AdapterLoads = atEnd.AdapterLoads - atStart.AdapterLoads
 	res.Preemptions = atEnd.Preemptions - atStart.Preemptions
-	res.TTFT, res.TPOT, res.NTPOT, res.E2E = summarize(ttft), summarize(tpot), summarize(ntpot), summarize(e2e)
 	return res, nil
 }

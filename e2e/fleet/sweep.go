@@ -15,7 +15,10 @@ type SweepConfig struct {
 	// Loads are fractions of each scenario's FleetRPS (1 = saturation).
 	Loads    []float64
 	Policies []PolicySpec
-	Seed     uint64
+	// Seed is the first seed; each point pools Seeds seeds from it
+	// (RunSeeds; 0 means 1).
+	Seed  uint64
+	Seeds int
 	// Warmup, Window and ScrapeInterval as in RunConfig.
 	Warmup, Window, ScrapeInterval time.Duration
 	// Parallel runs that many simulations at once (at least 1). Results do
@@ -81,7 +84,7 @@ func Sweep(cfg SweepConfig) ([]ScenarioResult, error) {
 			defer wg.Done()
 			for j := range work {
 				start := time.Now()
-				r, err := Run(j.config)
+				r, err := RunSeeds(j.config, max(cfg.Seeds, 1))
 				mu.Lock()
 				if err != nil && firstErr == nil {
 					firstErr = err

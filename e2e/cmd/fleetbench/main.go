@@ -36,7 +36,8 @@ func run(args []string) error {
 		policies    = fs.String("policies", defaultPolicies(), "comma-separated policies: scheduler profiles, "+fleet.EnvoyLeastRequest+", or name=path/to/scheduler-config.json")
 		loads       = fs.String("loads", "20,40,60,70,80,90,100,110,120,130", "offered loads in % of each scenario's measured fleet saturation")
 		qps         = fs.Float64("qps", 0, "if set, one run per scenario and policy at this absolute rate (req/s), printed only; -loads is ignored")
-		seed        = fs.Uint64("seed", 1, "seed of the workload and of the policies' random choices")
+		seed        = fs.Uint64("seed", 1, "first seed of the workload and of the policies' random choices")
+		seeds       = fs.Int("seeds", 3, "seeds pooled per point (seed, seed+1, ...): latency percentiles over all their requests")
 		warmup      = fs.Duration("warmup", time.Minute, "simulated warmup before the measurement window")
 		window      = fs.Duration("window", 5*time.Minute, "simulated measurement window of arrivals")
 		scrape      = fs.Duration("scrape", fleet.DefaultScrapeInterval, "metrics scrape interval seen by the policies")
@@ -88,7 +89,7 @@ func run(args []string) error {
 		loadList = append(loadList, v/100)
 	}
 	cfg := fleet.SweepConfig{
-		Scenarios: scs, Loads: loadList, Policies: pols, Seed: *seed,
+		Scenarios: scs, Loads: loadList, Policies: pols, Seed: *seed, Seeds: *seeds,
 		Warmup: *warmup, Window: *window, ScrapeInterval: *scrape, Parallel: *parallel,
 	}
 	if !*quiet {
