@@ -256,10 +256,10 @@ func (p *Pusher) run(w *pushWorker) {
 func (p *Pusher) send(w *pushWorker, payload []byte) {
 	start := time.Now()
 	reason, err := p.post(w, payload)
-	p.Metrics.PushDuration.WithLabelValues(w.target).Observe(time.Since(start).Seconds())
-	if p.Sent != nil {
-		p.Sent(w.target, err)
+	if w.ctx.Err() != nil {
+		return // target removed or closing: its series are gone, do not bring them back
 	}
+	p.Metrics.PushDuration.WithLabelValues(w.target).Observe(time.Since(start).Seconds())
 	if err != nil {
 		p.Metrics.PushErrors.WithLabelValues(w.target, reason).Inc()
 		if !w.failing {
@@ -272,11 +272,12 @@ func (p *Pusher) send(w *pushWorker, payload []byte) {
 		} else {
 			p.Log.Debug("push failed", "target", w.target, "reason", reason, "err", err)
 		}
-		return
-	}
-	if w.failing {
+	} else if w.failing {
 		w.failing = false
 		p.Log.Info("push recovered", "target", w.target)
+	}
+	if p.Sent != nil {
+		p.Sent(w.target, err)
 	}
 }
 
