@@ -65,7 +65,8 @@ func (h *Host) compileModule(code []byte) (*codeModule, error) {
 		}
 		got := FuncType{Params: toValBytes(def.ParamTypes()), Results: toValBytes(def.ResultTypes())}
 		if !got.equal(want) {
-			return nil, fmt.Errorf("Bad function signature for: %s", name)
+			return nil, fmt.Errorf("Bad function signature for: %s, want: %s, but the module exports: %s",
+				name, want, got)
 		}
 	}
 	return m, nil
@@ -522,6 +523,8 @@ func (vm *VM) startRoot(p *Plugin) (*wasmContext, error) {
 		root.tempPlugin = nil
 		root.created = true
 		if !okCall {
+			// cpp-host goes on to on_vm_start even so; this host does not
+			// call into a VM that trapped, and refuses the plugin.
 			return nil, vm.failureError("Failed to start thread-local Wasm")
 		}
 	}
@@ -544,7 +547,11 @@ func (vm *VM) configureRoot(root *wasmContext, p *Plugin) error {
 	vm.mu.Lock()
 	defer vm.mu.Unlock()
 	if vm.fail != FailOK {
-		return vm.failureError("Failed to configure Wasm plugin")
+		// cpp-host ContextBase::onConfigure answers true on a failed VM: a
+		// VM that failed without a callback returning false (a trap inside
+		// a nested call, such as the allocator) is accepted and then fails
+		// every request.
+		return nil
 	}
 	if !root.created && vm.has("proxy_on_context_create") {
 		_, _, ok := vm.callback(root, "proxy_on_context_create", uint64(root.id), 0)
