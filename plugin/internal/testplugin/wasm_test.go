@@ -120,6 +120,8 @@ type fakeHost struct {
 	done      int
 	logs      []string
 	allocs    int
+	alloc     api.Function
+	exports   map[string]api.Function
 
 	stdout, stderr bytes.Buffer
 }
@@ -129,7 +131,7 @@ func newFakeHost(t testing.TB, pluginConfig string, env ...string) *fakeHost {
 		t: t, ctx: context.Background(), root: 1, streams: map[uint32]*stream{},
 		pluginConfig: []byte(pluginConfig), shared: map[string]*shared{},
 		props:     map[string][]byte{"source\x00address": []byte("10.1.2.3:4567"), "plugin_name": []byte("tp")},
-		metricIDs: map[string]uint32{},
+		metricIDs: map[string]uint32{}, exports: map[string]api.Function{},
 	}
 	h.rt = wazero.NewRuntimeWithConfig(h.ctx, wazero.NewRuntimeConfig().WithCompilationCache(compilationCache))
 	t.Cleanup(func() { h.rt.Close(h.ctx) })
@@ -154,9 +156,12 @@ func newFakeHost(t testing.TB, pluginConfig string, env ...string) *fakeHost {
 // call invokes a guest export as the host does for context id.
 func (h *fakeHost) call(id uint32, name string, args ...uint64) (uint64, error) {
 	h.current, h.effective = id, 0
-	f := h.mod.ExportedFunction(name)
-	if f == nil {
-		return 0, fmt.Errorf("no export %s", name)
+	f, ok := h.exports[name]
+	if !ok {
+		if f = h.mod.ExportedFunction(name); f == nil {
+			return 0, fmt.Errorf("no export %s", name)
+		}
+		h.exports[name] = f
 	}
 	res, err := f.Call(h.ctx, args...)
 	if err != nil || len(res) == 0 {
@@ -165,10 +170,13 @@ func (h *fakeHost) call(id uint32, name string, args ...uint64) (uint64, error) 
 	return res[0], nil
 }
 
+// mustCall fails the test on a trap. The helpers on the request path avoid
+// t.Helper and testify, whose stack walks would dominate the benchmark.
 func (h *fakeHost) mustCall(id uint32, name string, args ...uint64) uint64 {
-	h.t.Helper()
 	r, err := h.call(id, name, args...)
-	require.NoError(h.t, err, name)
+	if err != nil {
+		h.t.Fatalf("%s: %v", name, err)
+	}
 	return r
 }
 
@@ -185,7 +193,6 @@ func (h *fakeHost) start() {
 // request runs headers (and a body if non-nil) through a new stream, then
 // response headers unless a local reply was made; it returns the stream.
 func (h *fakeHost) request(id uint32, headers [][2]string, body []byte) *stream {
-	h.t.Helper()
 	s := &stream{}
 	s.headers[0] = headers
 	h.streams[id] = s
@@ -199,13 +206,11 @@ func (h *fakeHost) request(id uint32, headers [][2]string, body []byte) *stream 
 }
 
 func (h *fakeHost) respond(id uint32, headers [][2]string) {
-	h.t.Helper()
 	h.streams[id].headers[2] = headers
 	h.mustCall(id, "proxy_on_response_headers", uint64(id), uint64(len(headers)), 0)
 }
 
 func (h *fakeHost) finish(id uint32) {
-	h.t.Helper()
 	h.mustCall(id, "proxy_on_log", uint64(id))
 	h.mustCall(id, "proxy_on_done", uint64(id))
 	h.mustCall(id, "proxy_on_delete", uint64(id))
@@ -223,7 +228,9 @@ func b2u(b bool) uint64 {
 
 func (h *fakeHost) read(m api.Module, ptr, size uint32) []byte {
 	b, ok := m.Memory().Read(ptr, size)
-	require.True(h.t, ok, "read %d+%d", ptr, size)
+	if !ok {
+		panic(fmt.Sprintf("guest passed memory out of range: %d+%d", ptr, size))
+	}
 	return bytes.Clone(b)
 }
 
@@ -232,14 +239,22 @@ func (h *fakeHost) read(m api.Module, ptr, size uint32) []byte {
 func (h *fakeHost) returnData(ctx context.Context, m api.Module, data []byte, ptrPtr, sizePtr uint32) uint32 {
 	var ptr uint32
 	if len(data) > 0 {
-		res, err := m.ExportedFunction("proxy_on_memory_allocate").Call(ctx, uint64(len(data)))
-		require.NoError(h.t, err)
+		if h.alloc == nil {
+			h.alloc = m.ExportedFunction("proxy_on_memory_allocate")
+		}
+		res, err := h.alloc.Call(ctx, uint64(len(data)))
+		if err != nil {
+			panic(fmt.Sprintf("allocator trapped: %v", err))
+		}
 		ptr = uint32(res[0])
 		h.allocs++
-		require.True(h.t, m.Memory().Write(ptr, data))
+		if !m.Memory().Write(ptr, data) {
+			panic("allocator returned memory out of range")
+		}
 	}
-	require.True(h.t, m.Memory().WriteUint32Le(ptrPtr, ptr))
-	require.True(h.t, m.Memory().WriteUint32Le(sizePtr, uint32(len(data))))
+	if !m.Memory().WriteUint32Le(ptrPtr, ptr) || !m.Memory().WriteUint32Le(sizePtr, uint32(len(data))) {
+		panic("guest passed out-parameters out of range")
+	}
 	return 0
 }
 
