@@ -74,7 +74,10 @@
 //	x-tp-get: k                GetHttpRequestHeader(k): response header x-tp-got = value,
 //	                           or x-tp-got-error = not_found|bad_argument|...
 //	x-tp-headers-action: pause on_request_headers returns Pause (only when the request
-//	                           has a body, i.e. end_of_stream is false)
+//	                           has a body, i.e. end_of_stream is false). Nothing resumes
+//	                           it: without allow_on_headers_stop_iteration Envoy then never
+//	                           delivers the body (StopAll). To pause and resume, use
+//	                           /tp/http-call?...&resume=1 (its body callbacks follow the resume).
 //	x-tp-body: MODE            request body handling (see below); for replace/append/
 //	                           prepend the plugin removes content-length in on_request_headers
 //	x-tp-resp-body: MODE       response body handling: buffer | replace:T | append:T |
