@@ -86,20 +86,55 @@ type Config struct {
 	AccessLog func(AccessLogEntry)
 }
 
-// ListenerConfig is one HTTP listener: a filter chain of at most one Wasm
-// filter followed by the router.
+// ListenerConfig is one HTTP listener: an HTTP connection manager with a
+// filter chain of at most one Wasm filter followed by the router.
 type ListenerConfig struct {
 	Name    string
 	Address string // host:port; port 0 picks one (see Host.ListenerAddr)
 	// Plugin is the Wasm filter; nil means the router only.
 	Plugin *PluginConfig
-	// Cluster the route sends to.
-	Cluster string
-	// RouteTimeout is the route's upstream timeout; 0 means Envoy's default
-	// (15 s), negative disables it.
+	// Cluster and RouteTimeout are the short form of VirtualHosts: one
+	// route sending every request to Cluster. RouteTimeout 0 means Envoy's
+	// default (15 s), negative disables it.
+	Cluster      string
 	RouteTimeout time.Duration
+	// VirtualHosts, if set, is the route table (Envoy's route_config).
+	VirtualHosts []VirtualHostConfig
 	// BufferLimitBytes is per_connection_buffer_limit_bytes; 0 means 1 MiB.
 	BufferLimitBytes int
+	// HTTP connection manager options.
+	UseRemoteAddress bool // append the peer address to x-forwarded-for
+	NormalizePath    bool // RFC 3986 dot-segment removal before the filters
+	MergeSlashes     bool // collapse repeated slashes before the filters
+}
+
+// VirtualHostConfig is a route_config virtual host.
+type VirtualHostConfig struct {
+	Name string
+	// Domains as Envoy matches them: exact host, "*", "*.suffix" or
+	// "prefix*"; the port of :authority is ignored when no domain has one.
+	Domains []string
+	Routes  []RouteConfig
+}
+
+// RouteConfig is one route: a path match and either a cluster or a direct
+// response.
+type RouteConfig struct {
+	Name string
+	// Prefix or Path (exact) match the :path without query string.
+	Prefix, Path string
+	Cluster      string
+	// Timeout as RouteAction.timeout: 0 means 15 s, negative none.
+	Timeout        time.Duration
+	DirectResponse *DirectResponse
+	// ResponseHeadersToAdd are appended to the response.
+	ResponseHeadersToAdd []Pair
+}
+
+// DirectResponse is RouteAction's direct_response.
+type DirectResponse struct {
+	Status int
+	Body   string
 }
 
 // PluginConfig mirrors envoy.extensions.wasm.v3.PluginConfig.
@@ -226,11 +261,33 @@ func (c *Config) withDefaults() (Config, error) {
 		if l.Address == "" {
 			return out, fmt.Errorf("listener %q has no address", l.Name)
 		}
-		if !clusters[l.Cluster] {
-			return out, fmt.Errorf("listener %q routes to unknown cluster %q", l.Name, l.Cluster)
+		if len(l.VirtualHosts) == 0 {
+			l.VirtualHosts = []VirtualHostConfig{{Name: "default", Domains: []string{"*"},
+				Routes: []RouteConfig{{Prefix: "/", Cluster: l.Cluster, Timeout: l.RouteTimeout}}}}
+		} else {
+			l.VirtualHosts = append([]VirtualHostConfig(nil), l.VirtualHosts...)
 		}
-		if l.RouteTimeout == 0 {
-			l.RouteTimeout = DefaultRouteTimeout
+		for vi := range l.VirtualHosts {
+			vh := &l.VirtualHosts[vi]
+			if len(vh.Domains) == 0 {
+				return out, fmt.Errorf("listener %q: virtual host %q has no domains", l.Name, vh.Name)
+			}
+			vh.Routes = append([]RouteConfig(nil), vh.Routes...)
+			for ri := range vh.Routes {
+				r := &vh.Routes[ri]
+				if (r.Prefix == "") == (r.Path == "") {
+					return out, fmt.Errorf("listener %q: route %d of %q needs exactly one of prefix and path", l.Name, ri, vh.Name)
+				}
+				if (r.Cluster == "") == (r.DirectResponse == nil) {
+					return out, fmt.Errorf("listener %q: route %d of %q needs exactly one of a cluster and a direct response", l.Name, ri, vh.Name)
+				}
+				if r.Cluster != "" && !clusters[r.Cluster] {
+					return out, fmt.Errorf("listener %q routes to unknown cluster %q", l.Name, r.Cluster)
+				}
+				if r.Timeout == 0 {
+					r.Timeout = DefaultRouteTimeout
+				}
+			}
 		}
 		if l.BufferLimitBytes == 0 {
 			l.BufferLimitBytes = DefaultBufferLimitBytes

@@ -120,6 +120,7 @@ type stream struct {
 	readPaused      bool
 	readerBusy      atomic.Bool // the body reader may be inside Body.Read
 
+	route       *RouteConfig
 	up          *upstreamCall
 	upGen       int
 	routeTimer  Timer

@@ -107,6 +107,7 @@ func (s *stream) run() {
 	defer close(s.done)
 	_ = http.NewResponseController(s.w).EnableFullDuplex()
 	s.reqMap = requestHeaderMap(s.r)
+	s.lis.mutateRequestHeaders(s.reqMap, s.remoteAddr)
 	eos := s.r.Body == nil || s.r.Body == http.NoBody || s.r.ContentLength == 0
 	if !eos {
 		s.reqPermit = make(chan struct{}, 1)
@@ -215,4 +216,66 @@ func newUUID() string {
 	b[8] = b[8]&0x3f | 0x80
 	h := hex.EncodeToString(b[:])
 	return h[0:8] + "-" + h[8:12] + "-" + h[12:16] + "-" + h[16:20] + "-" + h[20:]
+}
+
+// mutateRequestHeaders applies the connection manager's options before the
+// filters see the request (envoy source/common/http/conn_manager_utility.cc:
+// x-forwarded-for with use_remote_address, path normalisation).
+func (l *listener) mutateRequestHeaders(m *HeaderMap, remote string) {
+	if l.cfg.UseRemoteAddress {
+		if host, _, err := net.SplitHostPort(remote); err == nil {
+			if prev, ok := m.Get("x-forwarded-for"); ok {
+				m.Set("x-forwarded-for", prev+","+host)
+			} else {
+				m.Add("x-forwarded-for", host)
+			}
+		}
+	}
+	if !l.cfg.NormalizePath && !l.cfg.MergeSlashes {
+		return
+	}
+	p, _ := m.Get(":path")
+	path, query := p, ""
+	if i := strings.IndexAny(p, "?#"); i >= 0 {
+		path, query = p[:i], p[i:]
+	}
+	if l.cfg.NormalizePath {
+		path = removeDotSegments(path)
+	}
+	if l.cfg.MergeSlashes {
+		for strings.Contains(path, "//") {
+			path = strings.ReplaceAll(path, "//", "/")
+		}
+	}
+	m.Set(":path", path+query)
+}
+
+// removeDotSegments is RFC 3986 section 5.2.4 on an absolute path (Envoy's
+// normalize_path also decodes percent-encoded unreserved characters; this
+// host does not).
+func removeDotSegments(path string) string {
+	if !strings.HasPrefix(path, "/") {
+		return path
+	}
+	segs := strings.Split(path[1:], "/")
+	out := make([]string, 0, len(segs))
+	for i, seg := range segs {
+		last := i == len(segs)-1
+		switch seg {
+		case ".":
+			if last {
+				out = append(out, "")
+			}
+		case "..":
+			if len(out) > 0 {
+				out = out[:len(out)-1]
+			}
+			if last {
+				out = append(out, "")
+			}
+		default:
+			out = append(out, seg)
+		}
+	}
+	return "/" + strings.Join(out, "/")
 }

@@ -183,13 +183,26 @@ func (p *chunkPipe) Read(b []byte) (int, error) {
 
 func (p *chunkPipe) Close() error { return nil }
 
-// routerHeaders is the router's decodeHeaders: choose a host (503 "no
+// routerHeaders is the router's decodeHeaders: pick the route for the
+// (filtered) headers, answer a direct response, or choose a host (503 "no
 // healthy upstream" when there is none) and start the upstream request.
 func (s *stream) routerHeaders(eos bool) {
 	if s.localReplySent || s.finished {
 		return
 	}
-	c := s.host.clusters[s.lis.cfg.Cluster]
+	route := s.lis.route(s.reqMap)
+	if route == nil {
+		s.sendLocalReply(&localReply{code: http.StatusNotFound, details: "route_not_found"})
+		return
+	}
+	s.route = route
+	s.routeName = route.Name
+	if dr := route.DirectResponse; dr != nil {
+		s.sendLocalReply(&localReply{code: dr.Status, body: []byte(dr.Body),
+			headers: route.ResponseHeadersToAdd, details: "direct_response"})
+		return
+	}
+	c := s.host.clusters[route.Cluster]
 	s.clusterName = c.cfg.Name
 	addr := c.pick(s.reqMap)
 	if addr == "" {
@@ -224,6 +237,60 @@ func (s *stream) routerHeaders(eos bool) {
 	if eos {
 		s.startRouteTimer()
 	}
+}
+
+// route finds the virtual host by :authority and the first route whose
+// prefix or exact path matches :path without its query (envoy
+// source/common/router/config_impl.cc).
+func (l *listener) route(m *HeaderMap) *RouteConfig {
+	authority, _ := m.Get(":authority")
+	path, _ := m.Get(":path")
+	if i := strings.IndexAny(path, "?#"); i >= 0 {
+		path = path[:i]
+	}
+	vh := l.virtualHost(authority)
+	if vh == nil {
+		return nil
+	}
+	for i := range vh.Routes {
+		r := &vh.Routes[i]
+		if (r.Prefix != "" && strings.HasPrefix(path, r.Prefix)) || (r.Path != "" && path == r.Path) {
+			return r
+		}
+	}
+	return nil
+}
+
+// virtualHost matches domains in Envoy's order: exact, then the longest
+// suffix wildcard, then the longest prefix wildcard, then "*".
+func (l *listener) virtualHost(authority string) *VirtualHostConfig {
+	host := strings.ToLower(authority)
+	if h, _, err := net.SplitHostPort(host); err == nil {
+		host = h
+	}
+	var best *VirtualHostConfig
+	bestRank, bestLen := 4, -1
+	for i := range l.cfg.VirtualHosts {
+		vh := &l.cfg.VirtualHosts[i]
+		for _, d := range vh.Domains {
+			d = strings.ToLower(d)
+			rank, n := 4, 0
+			switch {
+			case d == host || d == strings.ToLower(authority):
+				rank, n = 0, len(d)
+			case d == "*":
+				rank = 3
+			case strings.HasPrefix(d, "*") && strings.HasSuffix(host, d[1:]) && len(host) > len(d)-1:
+				rank, n = 1, len(d)
+			case strings.HasSuffix(d, "*") && strings.HasPrefix(host, d[:len(d)-1]) && len(host) > len(d)-1:
+				rank, n = 2, len(d)
+			}
+			if rank < bestRank || (rank == bestRank && n > bestLen) {
+				best, bestRank, bestLen = vh, rank, n
+			}
+		}
+	}
+	return best
 }
 
 // upstreamRequest turns the (filtered) header map into a request for the
@@ -263,7 +330,7 @@ func (s *stream) upstreamRequest(addr string, eos bool) (*http.Request, error) {
 	if _, ok := req.Header["User-Agent"]; !ok {
 		req.Header["User-Agent"] = []string{""} // keep Go from adding its own
 	}
-	if t := s.lis.cfg.RouteTimeout; t > 0 {
+	if t := s.route.Timeout; t > 0 {
 		req.Header.Set("X-Envoy-Expected-Rq-Timeout-Ms", strconv.FormatInt(t.Milliseconds(), 10))
 	}
 	return req, nil
@@ -356,6 +423,9 @@ func (s *stream) onUpstreamHeaders(resp *http.Response) {
 		}
 	}
 	m.Add("x-envoy-upstream-service-time", strconv.FormatInt(time.Since(s.upstreamRTT).Milliseconds(), 10))
+	for _, p := range s.route.ResponseHeadersToAdd {
+		m.Add(p.Key, p.Value)
+	}
 	eos := resp.Body == http.NoBody || resp.ContentLength == 0 || resp.Request.Method == http.MethodHead
 	s.details = "via_upstream"
 	s.encodeHeaders(m, eos)
@@ -383,10 +453,10 @@ func (s *stream) onUpstreamError(err error) {
 }
 
 func (s *stream) startRouteTimer() {
-	t := s.lis.cfg.RouteTimeout
-	if t <= 0 || s.up == nil || s.routeTimer != nil {
+	if s.route == nil || s.up == nil || s.routeTimer != nil || s.route.Timeout <= 0 {
 		return
 	}
+	t := s.route.Timeout
 	gen := s.up.gen
 	s.routeTimer = s.host.clock.AfterFunc(t, func() {
 		s.send(streamEvent{kind: evRouteTimeout, gen: gen})
