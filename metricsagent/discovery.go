@@ -9,6 +9,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -184,12 +185,14 @@ func NewKubeDiscovery(client corev1client.PodsGetter, cfg KubeConfig, log *slog.
 	return k, nil
 }
 
-// Run starts the informer and blocks until its cache is synced or ctx
-// ends; the informer keeps running until ctx ends.
-func (k *KubeDiscovery) Run(ctx context.Context) error {
+// Start runs the informer until ctx ends and waits up to syncTimeout for
+// its first full list.
+func (k *KubeDiscovery) Start(ctx context.Context, syncTimeout time.Duration) error {
 	go k.informer.RunWithContext(ctx)
-	if !cache.WaitForCacheSync(ctx.Done(), k.informer.HasSynced) {
-		return fmt.Errorf("pod informer did not sync: %w", ctx.Err())
+	syncCtx, cancel := context.WithTimeout(ctx, syncTimeout)
+	defer cancel()
+	if !cache.WaitForCacheSync(syncCtx.Done(), k.informer.HasSynced) {
+		return fmt.Errorf("pod informer did not sync within %v: %w", syncTimeout, syncCtx.Err())
 	}
 	return nil
 }

@@ -99,7 +99,7 @@ func TestKubeDiscoveryWithFakeClientset(t *testing.T) {
 	)
 	d, err := NewKubeDiscovery(podsOf(client), KubeConfig{Namespace: "llm", NodeName: "node-1", Selector: "app=vllm", Port: "8000", Path: "/metrics"}, quietLog)
 	require.NoError(t, err)
-	require.NoError(t, d.Run(ctx))
+	require.NoError(t, d.Start(ctx, 10*time.Second))
 	assert.Equal(t, []string{"llm/a http://10.0.0.1:8000/metrics", "llm/h http://[fd00::8]:8000/metrics"}, names(d.Targets()))
 
 	// b becomes ready, a is being deleted: the informer's watch delivers both.
@@ -122,7 +122,7 @@ func TestKubeDiscoveryNamedPort(t *testing.T) {
 	)
 	d, err := NewKubeDiscovery(podsOf(client), KubeConfig{NodeName: "node-1", Selector: "app=vllm", Port: "metrics", Path: "/m"}, quietLog)
 	require.NoError(t, err)
-	require.NoError(t, d.Run(ctx))
+	require.NoError(t, d.Start(ctx, 10*time.Second))
 	assert.Equal(t, []string{"llm/a http://10.0.0.1:8080/m"}, names(d.Targets()))
 }
 

@@ -1,0 +1,183 @@
+package metricsagent
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"strings"
+	"time"
+)
+
+// EnvPrefix prefixes the environment variable of every flag:
+// --scrape-timeout is also WASM_EPP_AGENT_SCRAPE_TIMEOUT.
+const EnvPrefix = "WASM_EPP_AGENT_"
+
+// TokenEnv holds the push token itself, for setups without a token file.
+// There is deliberately no flag for it: command lines are visible in ps.
+const TokenEnv = EnvPrefix + "PUSH_TOKEN"
+
+// Config is everything the agent command reads from flags and environment.
+type Config struct {
+	AgentID string
+
+	// Discovery: Targets for static targets, else Kubernetes.
+	Targets     string
+	PodSelector string
+	Namespace   string
+	NodeName    string
+	Kubeconfig  string
+	MetricsPort string
+	MetricsPath string
+
+	// Scraping.
+	Interval      time.Duration
+	ScrapeTimeout time.Duration
+	MaxBodyBytes  int64
+	Names         MetricNames
+
+	// Pushing: EnvoyTargets or EnvoyDNS.
+	EnvoyTargets    string
+	EnvoyDNS        string
+	EnvoyDNSRefresh time.Duration
+	PushPath        string
+	PushTimeout     time.Duration
+	PushTokenFile   string
+	PushToken       string // from TokenEnv only
+
+	Listen    string
+	LogLevel  slog.Level
+	LogFormat string
+}
+
+// EnvName returns the environment variable that stands for flag name.
+func EnvName(flagName string) string {
+	return EnvPrefix + strings.ToUpper(strings.ReplaceAll(flagName, "-", "_"))
+}
+
+// newFlagSet defines every flag on a fresh FlagSet bound to cfg.
+func newFlagSet(cfg *Config, kvNames *string, logLevel *string) *flag.FlagSet {
+	fs := flag.NewFlagSet("metricsagent", flag.ContinueOnError)
+	d := DefaultMetricNames()
+	fs.StringVar(&cfg.AgentID, "agent-id", "", "id sent with every push; default: the node name, else the host name")
+	fs.StringVar(&cfg.Targets, "targets", "", "static pods to scrape, host:port,... (local runs); empty: discover pods on Kubernetes")
+	fs.StringVar(&cfg.PodSelector, "pod-selector", "", "Kubernetes label selector of the vLLM pods, e.g. app=vllm (required without --targets)")
+	fs.StringVar(&cfg.Namespace, "namespace", "", "namespace to watch; empty: all namespaces (needs a ClusterRole)")
+	fs.StringVar(&cfg.NodeName, "node-name", "", "this node's name (downward API spec.nodeName); NODE_NAME is read too")
+	fs.StringVar(&cfg.Kubeconfig, "kubeconfig", "", "kubeconfig file; empty: in-cluster service account")
+	fs.StringVar(&cfg.MetricsPort, "metrics-port", "8000", "pod port serving metrics: a number, or the name of a container port")
+	fs.StringVar(&cfg.MetricsPath, "metrics-path", "/metrics", "HTTP path of the pods' metrics")
+	fs.DurationVar(&cfg.Interval, "interval", 50*time.Millisecond, "time between two scrape-and-push cycles")
+	fs.DurationVar(&cfg.ScrapeTimeout, "scrape-timeout", 40*time.Millisecond, "timeout of one scrape; must be shorter than --interval")
+	fs.Int64Var(&cfg.MaxBodyBytes, "max-body-bytes", 4<<20, "largest metrics body read; a longer one fails the scrape")
+	fs.StringVar(&cfg.Names.Waiting, "metric-waiting", d.Waiting, "gauge of waiting requests")
+	fs.StringVar(&cfg.Names.Running, "metric-running", d.Running, "gauge of running requests")
+	fs.StringVar(kvNames, "metric-kv-usage", strings.Join(d.KVUsage, ","), "gauges of KV-cache usage (0..1), comma-separated, first present wins")
+	fs.StringVar(&cfg.Names.LoRAInfo, "metric-lora-info", d.LoRAInfo, "LoRA info gauge (labels max_lora, running_lora_adapters, waiting_lora_adapters); empty: ignore LoRA")
+	fs.StringVar(&cfg.EnvoyTargets, "envoy-targets", "", "Envoy push listeners, host:port,...")
+	fs.StringVar(&cfg.EnvoyDNS, "envoy-dns", "", "name:port of a headless Service; every address behind it gets every push")
+	fs.DurationVar(&cfg.EnvoyDNSRefresh, "envoy-dns-refresh", time.Second, "least time between two lookups of --envoy-dns (0: every cycle)")
+	fs.StringVar(&cfg.PushPath, "push-path", "/wasm-epp/v1/push", "HTTP path of the plugin's receiver")
+	fs.DurationVar(&cfg.PushTimeout, "push-timeout", 200*time.Millisecond, "timeout of one push to one Envoy (others are not held up by it)")
+	fs.StringVar(&cfg.PushTokenFile, "push-token-file", "", "file holding the push bearer token (a mounted Secret); or set "+TokenEnv)
+	fs.StringVar(&cfg.Listen, "listen", ":9100", "address of /metrics, /healthz and /readyz")
+	fs.StringVar(logLevel, "log-level", "info", "debug, info, warn or error")
+	fs.StringVar(&cfg.LogFormat, "log-format", "json", "json or text")
+	// Name each flag's environment variable in -h.
+	fs.VisitAll(func(f *flag.Flag) { f.Usage += " [$" + EnvName(f.Name) + "]" })
+	return fs
+}
+
+// ParseConfig reads flags from args and their environment equivalents
+// through getenv (a flag given on the command line wins over its variable).
+// It reads nothing else from the process: Main passes os.Getenv.
+// -h prints the usage to out and returns flag.ErrHelp.
+func ParseConfig(args []string, getenv func(string) string, out io.Writer) (Config, error) {
+	var cfg Config
+	var kvNames, logLevel string
+	fs := newFlagSet(&cfg, &kvNames, &logLevel)
+	fs.SetOutput(out)
+	fs.Usage = func() {
+		fmt.Fprintf(out, "metricsagent scrapes vLLM pods and pushes their state to the wasm-epp plugin in every Envoy.\n\n"+
+			"Every flag can also be set by the environment variable shown in brackets; the push token\n"+
+			"itself only by %s or --push-token-file.\n\n", TokenEnv)
+		fs.PrintDefaults()
+	}
+	var envErr error
+	fs.VisitAll(func(f *flag.Flag) {
+		if v := getenv(EnvName(f.Name)); v != "" && envErr == nil {
+			if err := fs.Set(f.Name, v); err != nil {
+				envErr = fmt.Errorf("%s=%q: %w", EnvName(f.Name), v, err)
+			}
+		}
+	})
+	if envErr != nil {
+		return cfg, envErr
+	}
+	if cfg.NodeName == "" {
+		cfg.NodeName = getenv("NODE_NAME")
+	}
+	if err := fs.Parse(args); err != nil {
+		return cfg, err
+	}
+	if fs.NArg() > 0 {
+		return cfg, fmt.Errorf("unexpected arguments: %q", fs.Args())
+	}
+	cfg.PushToken = getenv(TokenEnv)
+	for _, n := range strings.Split(kvNames, ",") {
+		if n = strings.TrimSpace(n); n != "" {
+			cfg.Names.KVUsage = append(cfg.Names.KVUsage, n)
+		}
+	}
+	if err := cfg.LogLevel.UnmarshalText([]byte(logLevel)); err != nil {
+		return cfg, fmt.Errorf("--log-level %q: want debug, info, warn or error", logLevel)
+	}
+	return cfg, cfg.validate()
+}
+
+func (c *Config) validate() error {
+	var errs []error
+	bad := func(format string, args ...any) { errs = append(errs, fmt.Errorf(format, args...)) }
+	if c.Interval <= 0 {
+		bad("--interval must be positive")
+	}
+	if c.ScrapeTimeout <= 0 || c.ScrapeTimeout >= c.Interval {
+		bad("--scrape-timeout %v must be positive and shorter than --interval %v", c.ScrapeTimeout, c.Interval)
+	}
+	if c.PushTimeout <= 0 {
+		bad("--push-timeout must be positive")
+	}
+	if c.MaxBodyBytes <= 0 {
+		bad("--max-body-bytes must be positive")
+	}
+	if c.Targets == "" {
+		if c.NodeName == "" {
+			bad("without --targets, pods are discovered on Kubernetes and --node-name (or NODE_NAME) is required")
+		}
+		if c.PodSelector == "" {
+			bad("without --targets, --pod-selector is required")
+		}
+	} else if c.PodSelector != "" {
+		bad("--targets and --pod-selector exclude each other")
+	}
+	if (c.EnvoyTargets == "") == (c.EnvoyDNS == "") {
+		bad("set exactly one of --envoy-targets and --envoy-dns")
+	}
+	if c.EnvoyDNSRefresh < 0 {
+		bad("--envoy-dns-refresh must not be negative")
+	}
+	if !strings.HasPrefix(c.PushPath, "/") || !strings.HasPrefix(c.MetricsPath, "/") {
+		bad("--push-path and --metrics-path must start with /")
+	}
+	if c.PushTokenFile == "" && c.PushToken == "" {
+		bad("no push token: set --push-token-file or %s", TokenEnv)
+	}
+	if c.Names.Waiting == "" || c.Names.Running == "" || len(c.Names.KVUsage) == 0 {
+		bad("--metric-waiting, --metric-running and --metric-kv-usage must not be empty")
+	}
+	if c.LogFormat != "json" && c.LogFormat != "text" {
+		bad("--log-format %q: want json or text", c.LogFormat)
+	}
+	return errors.Join(errs...)
+}

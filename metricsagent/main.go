@@ -1,0 +1,168 @@
+package metricsagent
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	corev1client "k8s.io/client-go/kubernetes/typed/core/v1"
+	"k8s.io/client-go/tools/clientcmd"
+	"k8s.io/klog/v2"
+)
+
+// Main runs the agent until ctx ends (the command cancels it on SIGTERM)
+// and returns the process exit code: 0 after a clean shutdown or -h, 2 for
+// bad flags, 1 when startup fails.
+func Main(ctx context.Context, args []string, getenv func(string) string, stderr io.Writer) int {
+	cfg, err := ParseConfig(args, getenv, stderr)
+	if errors.Is(err, flag.ErrHelp) {
+		return 0
+	}
+	if err != nil {
+		fmt.Fprintln(stderr, "metricsagent:", err)
+		return 2
+	}
+	log := newLogger(cfg, stderr)
+	klog.SetSlogLogger(log) // client-go logs through the same handler
+	if err := run(ctx, cfg, log); err != nil {
+		log.Error("agent failed", "err", err)
+		return 1
+	}
+	return 0
+}
+
+func newLogger(cfg Config, w io.Writer) *slog.Logger {
+	opts := &slog.HandlerOptions{Level: cfg.LogLevel}
+	if cfg.LogFormat == "text" {
+		return slog.New(slog.NewTextHandler(w, opts))
+	}
+	return slog.New(slog.NewJSONHandler(w, opts))
+}
+
+func run(ctx context.Context, cfg Config, log *slog.Logger) error {
+	if cfg.AgentID == "" {
+		cfg.AgentID = cfg.NodeName
+	}
+	if cfg.AgentID == "" {
+		h, err := os.Hostname()
+		if err != nil {
+			return fmt.Errorf("no --agent-id, no node name and no host name: %w", err)
+		}
+		cfg.AgentID = h
+	}
+
+	disc, err := newDiscoverer(ctx, cfg, log)
+	if err != nil {
+		return err
+	}
+	reg := prometheus.NewRegistry()
+	metrics := NewMetrics(reg)
+	envoys, err := newEnvoyTargets(cfg, log, metrics)
+	if err != nil {
+		return err
+	}
+	pusher := &Pusher{Client: NewPushClient(), Path: cfg.PushPath, Timeout: cfg.PushTimeout,
+		Token: &TokenSource{File: cfg.PushTokenFile, Value: cfg.PushToken, Refresh: 10 * time.Second},
+		Log:   log, Metrics: metrics}
+	if _, err := pusher.Token.Token(); err != nil {
+		return err
+	}
+	agent := NewAgent(Options{
+		AgentID: cfg.AgentID, Interval: cfg.Interval, Discoverer: disc,
+		Scraper: &Scraper{Client: NewScrapeClient(), Timeout: cfg.ScrapeTimeout, MaxBodyBytes: cfg.MaxBodyBytes, Names: cfg.Names},
+		Envoys:  envoys, Pusher: pusher, Log: log, Metrics: metrics,
+	})
+
+	ln, err := net.Listen("tcp", cfg.Listen)
+	if err != nil {
+		return fmt.Errorf("--listen: %w", err)
+	}
+	srv := &http.Server{Handler: Handler(reg, agent.Ready), ReadHeaderTimeout: 5 * time.Second}
+	serveErr := make(chan error, 1)
+	go func() { serveErr <- srv.Serve(ln) }()
+	log.Info("metricsagent started", "agent_id", cfg.AgentID, "listen", ln.Addr().String(),
+		"interval", cfg.Interval, "scrape_timeout", cfg.ScrapeTimeout, "static_targets", cfg.Targets != "",
+		"envoy_targets", cfg.EnvoyTargets, "envoy_dns", cfg.EnvoyDNS)
+
+	runCtx, stop := context.WithCancel(ctx)
+	agentDone := make(chan struct{})
+	go func() { agent.Run(runCtx); close(agentDone) }()
+	select {
+	case <-ctx.Done():
+		log.Info("shutting down")
+	case err = <-serveErr:
+		err = fmt.Errorf("health and metrics server: %w", err)
+	}
+	stop()
+	<-agentDone
+	pusher.Close()
+	shutdownCtx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if serr := srv.Shutdown(shutdownCtx); serr != nil && err == nil {
+		err = serr
+	}
+	return err
+}
+
+func newDiscoverer(ctx context.Context, cfg Config, log *slog.Logger) (Discoverer, error) {
+	if cfg.Targets != "" {
+		return NewStaticDiscovery(ctx, cfg.Targets, cfg.MetricsPath, net.DefaultResolver)
+	}
+	restCfg, err := clientcmd.BuildConfigFromFlags("", cfg.Kubeconfig)
+	if err != nil {
+		return nil, fmt.Errorf("kubernetes client config: %w", err)
+	}
+	restCfg.UserAgent = "wasm-epp-metricsagent"
+	client, err := corev1client.NewForConfig(restCfg)
+	if err != nil {
+		return nil, fmt.Errorf("kubernetes client: %w", err)
+	}
+	kd, err := NewKubeDiscovery(client, KubeConfig{Namespace: cfg.Namespace, NodeName: cfg.NodeName,
+		Selector: cfg.PodSelector, Port: cfg.MetricsPort, Path: cfg.MetricsPath}, log)
+	if err != nil {
+		return nil, err
+	}
+	if err := kd.Start(ctx, time.Minute); err != nil {
+		return nil, err
+	}
+	return kd, nil
+}
+
+func newEnvoyTargets(cfg Config, log *slog.Logger, m *Metrics) (EnvoyTargets, error) {
+	if cfg.EnvoyTargets != "" {
+		return ParseStaticEnvoys(cfg.EnvoyTargets)
+	}
+	name, port, err := ParseEnvoyDNS(cfg.EnvoyDNS)
+	if err != nil {
+		return nil, err
+	}
+	return &DNSEnvoys{Name: name, Port: port, Resolver: net.DefaultResolver, Refresh: cfg.EnvoyDNSRefresh,
+		Timeout: cfg.Interval, Now: time.Now, Log: log, Errors: m.DNSErrors}, nil
+}
+
+// Handler serves /metrics from reg, /healthz (the process answers) and
+// /readyz (a first cycle has completed).
+func Handler(reg *prometheus.Registry, ready func() bool) http.Handler {
+	mux := http.NewServeMux()
+	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.WriteString(w, "ok\n")
+	})
+	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, r *http.Request) {
+		if !ready() {
+			http.Error(w, "no cycle completed yet", http.StatusServiceUnavailable)
+			return
+		}
+		_, _ = io.WriteString(w, "ready\n")
+	})
+	return mux
+}
