@@ -86,7 +86,10 @@
 //	x-tp-local-reply: STATUS   SendHttpResponse(STATUS, headers, body, grpc) in
 //	                           on_request_headers; body from x-tp-local-reply-body, one
 //	                           extra header from x-tp-local-reply-header: k=v, grpc status
-//	                           from x-tp-local-reply-grpc (default -1 = none)
+//	                           from x-tp-local-reply-grpc (default -1 = none); with
+//	                           x-tp-local-reply-details: D it uses
+//	                           SendHttpResponseWithDetails (details D; Envoy turns spaces
+//	                           into "_" in %RESPONSE_CODE_DETAILS%)
 //	x-tp-panic-in: CALLBACK    panic (trap) in request_headers | request_body |
 //	                           response_headers | response_body | log
 //	x-tp-trailer-add: k=v      AddHttpRequestTrailer(k, v) in on_request_trailers

@@ -136,6 +136,10 @@ func (h *httpContext) localReplyFromHeaders(status string) types.Action {
 		}
 	}
 	body := requestHeader("x-tp-local-reply-body")
+	if details := requestHeader("x-tp-local-reply-details"); details != "" {
+		h.logErr("local reply", proxywasm.SendHttpResponseWithDetails(uint32(code), details, headers, []byte(body), int32(grpc)))
+		return types.ActionPause
+	}
 	h.logErr("local reply", proxywasm.SendHttpResponse(uint32(code), headers, []byte(body), int32(grpc)))
 	return types.ActionPause
 }

@@ -701,6 +701,9 @@ func TestWasmEndpoints(t *testing.T) {
 	r = h.get(next(), "/x", [2]string{"x-tp-local-reply", "503"}, [2]string{"x-tp-local-reply-grpc", "14"},
 		[2]string{"x-tp-local-reply-header", "a=b"}, [2]string{"x-tp-local-reply-body", "down"})
 	assert.Equal(t, sentReply{status: 503, body: []byte("down"), headers: [][2]string{{"a", "b"}}, grpc: 14}, *r)
+
+	r = h.get(next(), "/x", [2]string{"x-tp-local-reply", "429"}, [2]string{"x-tp-local-reply-details", "too many"})
+	assert.Equal(t, sentReply{status: 429, details: "too many", body: []byte{}, headers: [][2]string{}, grpc: -1}, *r)
 }
 
 func TestWasmHTTPCall(t *testing.T) {
