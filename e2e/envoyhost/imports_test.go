@@ -144,7 +144,7 @@ func (m *wasmModule) bytes() []byte {
 }
 
 // i32 constant and call instructions.
-func i32c(v uint32) []byte { return append([]byte{0x41}, leb(v)...) }
+func i32c(v uint32) []byte   { return append([]byte{0x41}, leb(v)...) }
 func call(idx uint32) []byte { return append([]byte{0x10}, leb(idx)...) }
 func ops(parts ...[]byte) []byte {
 	var out []byte
