@@ -13,8 +13,8 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-// The flags the manifests pass must exist in the binaries they run. The
-// binaries are taken from $WASM_EPP_BIN (set by `make test`) when present,
+// The flags the manifests pass must exist in the binaries they run. A
+// binary is taken from $WASM_EPP_BIN (set by `make test`) when present,
 // otherwise built into a temporary directory, and asked for -h.
 
 var (

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"io"
 	"io/fs"
 	"os"
 	"path/filepath"
@@ -38,6 +39,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/wasm-epp/wasm-epp/envoy"
+	"github.com/wasm-epp/wasm-epp/metricsagent"
 	"github.com/wasm-epp/wasm-epp/plugin/config"
 )
 
@@ -554,44 +556,75 @@ func checkAgent(t *testing.T, b *built) {
 	assert.Equal(t, "/readyz", c.ReadinessProbe.HTTPGet.Path)
 	assert.Equal(t, "/healthz", c.LivenessProbe.HTTPGet.Path)
 
-	args := c.Args
+	// The args, expanded as the kubelet would, must be a configuration the
+	// agent itself accepts: every flag defined, every value parsed, the
+	// combination valid. The agent's own parser decides, not a copy of it.
+	const node = "node-1"
+	args := expandArgs(t, c, map[string]string{"spec.nodeName": node, "metadata.namespace": ds.Namespace})
+	cfg, err := metricsagent.ParseConfig(args, func(string) string { return "" }, io.Discard)
+	require.NoError(t, err, "agent args %v", args)
+	assert.Equal(t, node, cfg.NodeName)
+	assert.Equal(t, ds.Namespace, cfg.Namespace, "the agent watches its own namespace, where its Role applies")
+	assert.Empty(t, cfg.Targets, "pods are discovered on Kubernetes")
 
 	// The token file is the Secret's key, mounted read-only.
-	tokenFile := flagValue(t, args, "push-token-file")
-	vol := mountedFrom(spec, c, tokenFile)
-	require.NotEmpty(t, vol, "%s is not on a mounted volume", tokenFile)
+	vol := mountedFrom(spec, c, cfg.PushTokenFile)
+	require.NotEmpty(t, vol, "%s is not on a mounted volume", cfg.PushTokenFile)
 	v := volume(spec, vol)
 	require.NotNil(t, v.Secret, "the push token comes from a Secret volume")
-	assert.Equal(t, "token", filepath.Base(tokenFile))
+	assert.True(t, slices.ContainsFunc(v.Secret.Items, func(k corev1.KeyToPath) bool {
+		return k.Key == "token" && k.Path == filepath.Base(cfg.PushTokenFile)
+	}), "%s is the Secret's key token", cfg.PushTokenFile)
 
-	// --envoy-dns names the headless push Service and its port.
+	// --envoy-dns names the headless push Service and its port; the push path
+	// is the receiver's.
 	push := service(t, b, pushService)
-	want := fmt.Sprintf("%s.%s.svc.cluster.local:%d", push.Name, push.Namespace, push.Spec.Ports[0].Port)
-	assert.Equal(t, want, flagValue(t, args, "envoy-dns"))
-	assert.Equal(t, ds.Namespace, push.Namespace)
+	assert.Equal(t, fmt.Sprintf("%s.%s.svc.cluster.local:%d", push.Name, push.Namespace, push.Spec.Ports[0].Port), cfg.EnvoyDNS)
+	assert.Equal(t, config.DefaultReceiverPath, cfg.PushPath)
 
 	// The agent listens where its probes and port point.
-	listen := flagValue(t, args, "listen")
-	assert.Equal(t, fmt.Sprintf(":%d", containerPortNumber(c, c.ReadinessProbe.HTTPGet.Port)), listen)
+	assert.Equal(t, fmt.Sprintf(":%d", containerPortNumber(c, c.ReadinessProbe.HTTPGet.Port)), cfg.Listen)
 
 	// In a build with vLLM pods (the demo), the selector finds them and the
 	// metrics port is theirs.
-	sel, err := labels.Parse(flagValue(t, args, "pod-selector"))
+	sel, err := labels.Parse(cfg.PodSelector)
 	require.NoError(t, err)
 	for _, w := range b.workloads() {
 		if !sel.Matches(labels.Set(w.template.Labels)) {
 			continue
 		}
-		port := flagValue(t, args, "metrics-port")
 		assert.True(t, slices.ContainsFunc(w.template.Spec.Containers, func(c corev1.Container) bool {
-			return slices.ContainsFunc(c.Ports, func(p corev1.ContainerPort) bool { return fmt.Sprint(p.ContainerPort) == port })
-		}), "--metrics-port %s is not a port of %s", port, w.name)
+			return slices.ContainsFunc(c.Ports, func(p corev1.ContainerPort) bool {
+				return fmt.Sprint(p.ContainerPort) == cfg.MetricsPort || p.Name == cfg.MetricsPort
+			})
+		}), "--metrics-port %s is not a port of %s", cfg.MetricsPort, w.name)
 	}
-	// Last, as it builds the agent: every flag passed exists in the binary.
-	known := agentFlags(t)
-	for _, name := range flagNames(args) {
-		assert.Contains(t, known, name, "agent flag --%s is not defined by bin/metricsagent", name)
+}
+
+// expandArgs substitutes $(VAR) in c's args the way the kubelet does, with
+// env vars from literal values or from the downward API fields given.
+func expandArgs(t *testing.T, c corev1.Container, fields map[string]string) []string {
+	env := map[string]string{}
+	for _, e := range c.Env {
+		switch {
+		case e.ValueFrom == nil:
+			env[e.Name] = e.Value
+		case e.ValueFrom.FieldRef != nil:
+			v, ok := fields[e.ValueFrom.FieldRef.FieldPath]
+			require.True(t, ok, "no test value for field %s", e.ValueFrom.FieldRef.FieldPath)
+			env[e.Name] = v
+		}
 	}
+	varRef := regexp.MustCompile(`\$\(([A-Za-z_][A-Za-z0-9_]*)\)`)
+	var out []string
+	for _, a := range c.Args {
+		out = append(out, varRef.ReplaceAllStringFunc(a, func(m string) string {
+			v, ok := env[m[2:len(m)-1]]
+			require.True(t, ok, "%s is not an env var of %s", m, c.Name)
+			return v
+		}))
+	}
+	return out
 }
 
 func service(t *testing.T, b *built, name string) *corev1.Service {
