@@ -90,7 +90,7 @@ static_resources:
 		"unsupported field": {"codec_type: AUTO\n          server_name: custom",
 			"type: STATIC\n    load_assignment: {cluster_name: c}", "server_name: field not supported by envoyhost"},
 		"unknown field": {"codec_type: AUTO\n          no_such_field: 1", "type: STATIC", "no_such_field"},
-		"strict dns": {"codec_type: AUTO", "type: STRICT_DNS", "cluster type STRICT_DNS is not supported"},
+		"strict dns":    {"codec_type: AUTO", "type: STRICT_DNS", "cluster type STRICT_DNS is not supported"},
 	}
 	for name, c := range cases {
 		t.Run(name, func(t *testing.T) {
