@@ -624,6 +624,7 @@ func (s *stream) grantRead() {
 func (s *stream) readRequestBody() {
 	defer s.readerBusy.Store(false)
 	var total int64
+	buf := make([]byte, readChunkSize)
 	cl := s.r.ContentLength
 	for {
 		select {
@@ -631,7 +632,6 @@ func (s *stream) readRequestBody() {
 		case <-s.done:
 			return
 		}
-		buf := make([]byte, readChunkSize)
 		var n int
 		var err error
 		for n == 0 && err == nil {
@@ -643,7 +643,7 @@ func (s *stream) readRequestBody() {
 			s.send(streamEvent{kind: evReqError, err: err})
 			return
 		}
-		s.send(streamEvent{kind: evReqData, data: buf[:n], eos: eos})
+		s.send(streamEvent{kind: evReqData, data: append([]byte(nil), buf[:n]...), eos: eos})
 		if eos {
 			return
 		}

@@ -191,6 +191,14 @@ var (
 	allocAllowedLegacy  = []string{"env.proxy_log", "fd_write", "clock_time_get"}
 )
 
+// The allow-lists as sets, built once.
+var (
+	initAllowedCurrentSet  = newAllowSet(initAllowedCurrent)
+	initAllowedLegacySet   = newAllowSet(initAllowedLegacy)
+	allocAllowedCurrentSet = newAllowSet(allocAllowedCurrent)
+	allocAllowedLegacySet  = newAllowSet(allocAllowedLegacy)
+)
+
 // allowSet is a restricted-callback allow-list keyed by "module.name".
 type allowSet map[string]bool
 

@@ -348,6 +348,7 @@ func (s *stream) runUpstream(c *cluster, req *http.Request, up *upstreamCall) {
 		return
 	}
 	var total int64
+	buf := make([]byte, readChunkSize)
 	for {
 		select {
 		case <-up.permit:
@@ -356,7 +357,6 @@ func (s *stream) runUpstream(c *cluster, req *http.Request, up *upstreamCall) {
 		case <-req.Context().Done():
 			return
 		}
-		buf := make([]byte, readChunkSize)
 		var n int
 		for n == 0 && err == nil {
 			n, err = resp.Body.Read(buf)
@@ -367,7 +367,7 @@ func (s *stream) runUpstream(c *cluster, req *http.Request, up *upstreamCall) {
 			s.send(streamEvent{kind: evUpError, err: err, gen: up.gen})
 			return
 		}
-		s.send(streamEvent{kind: evUpData, data: buf[:n], eos: eos, gen: up.gen})
+		s.send(streamEvent{kind: evUpData, data: append([]byte(nil), buf[:n]...), eos: eos, gen: up.gen})
 		if eos {
 			return
 		}

@@ -258,9 +258,9 @@ func (h *Host) newVM(g *vmGroup, thread string) (*VM, error) {
 // is no _initialize; only the start allow-list may be called meanwhile.
 func (vm *VM) startVM() error {
 	if vm.host.cfg.WASIProfile == WASILegacy {
-		vm.allowed = newAllowSet(initAllowedLegacy)
+		vm.allowed = initAllowedLegacySet
 	} else {
-		vm.allowed = newAllowSet(initAllowedCurrent)
+		vm.allowed = initAllowedCurrentSet
 	}
 	defer func() { vm.allowed = nil }()
 	run := func(name string, args ...uint64) error {
@@ -410,9 +410,9 @@ func (vm *VM) alloc(size uint32) (uint32, bool) {
 		name = "proxy_on_memory_allocate"
 	}
 	if vm.host.cfg.WASIProfile == WASILegacy {
-		vm.allowed = newAllowSet(allocAllowedLegacy)
+		vm.allowed = allocAllowedLegacySet
 	} else {
-		vm.allowed = newAllowSet(allocAllowedCurrent)
+		vm.allowed = allocAllowedCurrentSet
 	}
 	p, err := vm.callRaw(vm.vmContext, name, uint64(size))
 	vm.allowed = nil
