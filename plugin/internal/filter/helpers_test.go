@@ -46,6 +46,16 @@ type env struct {
 	clock   *fakeClock
 	cfg     *config.Config
 	version uint64
+	reset   func()
+}
+
+// close releases the emulator: proxytest is a process-wide singleton, so a
+// test needing a second env must close the first.
+func (e *env) close() {
+	if e.reset != nil {
+		e.reset()
+		e.reset = nil
+	}
 }
 
 // newEnv starts the plugin with a configuration; it must start.
@@ -66,8 +76,8 @@ func startEnv(t *testing.T, cfgJSON string, getenv ...func(string) string) (*env
 	host, reset := proxytest.NewHostEmulator(proxytest.NewEmulatorOption().
 		WithVMContext(NewVMContext(opts)).
 		WithPluginConfiguration([]byte(cfgJSON)))
-	t.Cleanup(reset)
-	e := &env{t: t, host: host, clock: clock}
+	e := &env{t: t, host: host, clock: clock, reset: reset}
+	t.Cleanup(e.close)
 	if cfg, err := config.Decode([]byte(cfgJSON)); err == nil {
 		e.cfg = cfg
 	}

@@ -1,0 +1,66 @@
+package filter
+
+import (
+	"encoding/json"
+	"errors"
+	"slices"
+	"testing"
+
+	"github.com/wasm-epp/wasm-epp/plugin/config"
+)
+
+// FuzzParseRequest: ParseRequest never panics, and its result is always one
+// of the defined outcomes: a Parsed whose model span decodes (by
+// encoding/json) to a valid model name, or a *RequestError with a known
+// Reason that agrees with encoding/json about whether the body is JSON.
+// Corpus: testdata/fuzz/FuzzParseRequest (the request rows of BAD-INPUTS.md
+// and what fuzzing found).
+func FuzzParseRequest(f *testing.F) {
+	for _, s := range []string{
+		`{"model":"llama","messages":[{"role":"user","content":"hi"}],"stream":true}`,
+		`{"model":"a","model":"b"}`, `{"model":"a"`, `[{"model":"a"}]`, `{"model":"a\u0000"}`,
+	} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, body []byte) {
+		const maxLen = 32
+		p, err := ParseRequest(body, maxLen)
+		valid := json.Valid(body)
+		if err == nil {
+			if !valid {
+				t.Fatalf("accepted invalid JSON %q", body)
+			}
+			var top map[string]json.RawMessage
+			if e := json.Unmarshal(body, &top); e != nil {
+				t.Fatalf("accepted a non-object %q: %v", body, e)
+			}
+			var tok, whole string
+			if e := json.Unmarshal(body[p.ModelStart:p.ModelEnd], &tok); e != nil || tok != p.Model {
+				t.Fatalf("model span %q does not decode to %q: %v", body[p.ModelStart:p.ModelEnd], p.Model, e)
+			}
+			if e := json.Unmarshal(top["model"], &whole); e != nil || whole != p.Model {
+				t.Fatalf("encoding/json reads model %q, parser %q", whole, p.Model)
+			}
+			if e := config.ValidModelName(p.Model, maxLen); e != nil {
+				t.Fatalf("accepted an invalid model name %q: %v", p.Model, e)
+			}
+			return
+		}
+		var re *RequestError
+		if !errors.As(err, &re) || !slices.Contains(Reasons, re.Reason) {
+			t.Fatalf("undefined outcome %#v for %q", err, body)
+		}
+		switch re.Reason {
+		case ReasonInvalidJSON, ReasonTrailingData, ReasonEmptyBody:
+			if valid {
+				t.Fatalf("valid JSON %q refused as %s", body, re.Reason)
+			}
+		case ReasonTooDeep, ReasonDuplicateKey:
+			// Decided before (or without) full validation.
+		default:
+			if !valid {
+				t.Fatalf("invalid JSON %q refused as %s, not as invalid", body, re.Reason)
+			}
+		}
+	})
+}

@@ -1,0 +1,179 @@
+package filter
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+const testMaxModelLen = 64
+
+func TestParseRequestAccepts(t *testing.T) {
+	cases := []struct {
+		name   string
+		body   string
+		model  string
+		stream bool
+		kind   Kind
+	}{
+		{"chat", `{"model":"llama","messages":[{"role":"user","content":"hi"}]}`, "llama", false, KindChat},
+		{"completion streaming", `{"model":"llama","prompt":"once upon","stream":true}`, "llama", true, KindCompletion},
+		{"prompt array", `{"prompt":[1,2,3],"model":"m"}`, "m", false, KindCompletion},
+		{"stream false and null", `{"model":"m","stream":null}`, "m", false, KindOther},
+		{"whitespace everywhere", " \r\n\t{ \"model\" : \"m\" , \"n\" : 1 } \n", "m", false, KindOther},
+		{"escaped model", `{"model":"sql\u002dlora\/v2"}`, "sql-lora/v2", false, KindOther},
+		{"unicode model", `{"model":"modèle-日本"}`, "modèle-日本", false, KindOther},
+		{"nested model keys are not the model", `{"model":"m","messages":[{"model":"x","content":{"model":1}}]}`, "m", false, KindChat},
+		{"model of max length", `{"model":"` + strings.Repeat("a", testMaxModelLen) + `"}`, strings.Repeat("a", testMaxModelLen), false, KindOther},
+		{"numbers", `{"model":"m","temperature":-0.5e-3,"n":0,"max_tokens":10E2,"x":[true,false,null,{}]}`, "m", false, KindOther},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			p, err := ParseRequest([]byte(tc.body), testMaxModelLen)
+			require.NoError(t, err)
+			assert.Equal(t, tc.model, p.Model)
+			assert.Equal(t, tc.stream, p.Stream)
+			assert.Equal(t, tc.kind, p.Kind)
+			var tok string
+			require.NoError(t, json.Unmarshal([]byte(tc.body[p.ModelStart:p.ModelEnd]), &tok), "span is the raw model token")
+			assert.Equal(t, tc.model, tok)
+		})
+	}
+}
+
+// TestParseRequestRejects covers the request rows of BAD-INPUTS.md that the
+// parser decides (rows 1-7, 9, 12) and more.
+func TestParseRequestRejects(t *testing.T) {
+	cases := []struct {
+		name string
+		body string
+		want Reason
+	}{
+		{"row 1: empty body", ``, ReasonEmptyBody},
+		{"row 2: not JSON", `hello`, ReasonInvalidJSON},
+		{"row 3: truncated", `{"model":"a"`, ReasonInvalidJSON},
+		{"row 3: truncated string", `{"model":"a`, ReasonInvalidJSON},
+		{"row 4: two objects", `{"model":"a"}{"model":"b"}`, ReasonTrailingData},
+		{"row 4: trailing garbage", `{"model":"a"} x`, ReasonTrailingData},
+		{"row 5: no model", `{"messages":[]}`, ReasonMissingModel},
+		{"row 5: model only nested", `{"messages":[{"model":"a"}]}`, ReasonMissingModel},
+		{"row 6: number", `{"model":123}`, ReasonModelNotString},
+		{"row 6: null", `{"model":null}`, ReasonModelNotString},
+		{"row 6: array", `{"model":["a"]}`, ReasonModelNotString},
+		{"row 6: object", `{"model":{"name":"a"}}`, ReasonModelNotString},
+		{"row 6: bool", `{"model":true}`, ReasonModelNotString},
+		{"row 7: duplicate", `{"model":"a","model":"b"}`, ReasonDuplicateKey},
+		{"row 7: duplicate same value", `{"model":"a","model":"a"}`, ReasonDuplicateKey},
+		{"row 7: escaped duplicate", `{"model":"a","mod\u0065l":"b"}`, ReasonDuplicateKey},
+		{"row 9: too long", `{"model":"` + strings.Repeat("a", testMaxModelLen+1) + `"}`, ReasonModelTooLong},
+		{"row 9: too long escaped", `{"model":"` + strings.Repeat(`\u0061`, 6*testMaxModelLen+1) + `"}`, ReasonModelTooLong},
+		{"row 9: control char", `{"model":"a\u0000b"}`, ReasonInvalidModel},
+		{"row 9: newline", `{"model":"a\nb"}`, ReasonInvalidModel},
+		{"row 9: DEL", "{\"model\":\"a\x7fb\"}", ReasonInvalidModel},
+		{"row 9: raw invalid UTF-8", "{\"model\":\"a\xffb\"}", ReasonInvalidModel},
+		{"row 9: lone surrogate", `{"model":"a\ud800b"}`, ReasonInvalidModel},
+		{"row 9: raw control char is invalid JSON", "{\"model\":\"a\x01b\"}", ReasonInvalidJSON},
+		{"row 12: array", `[{"model":"a"}]`, ReasonNotObject},
+		{"row 12: string", `"model"`, ReasonNotObject},
+		{"row 12: number", `42`, ReasonNotObject},
+		{"row 12: null", `null`, ReasonNotObject},
+		{"empty model", `{"model":""}`, ReasonEmptyModel},
+		{"whitespace only", "  \n", ReasonInvalidJSON},
+		{"stream not bool", `{"model":"a","stream":"yes"}`, ReasonInvalidField},
+		{"messages not array", `{"model":"a","messages":"hi"}`, ReasonInvalidField},
+		{"prompt not string", `{"model":"a","prompt":5}`, ReasonInvalidField},
+		{"duplicate stream", `{"model":"a","stream":false,"stream":true}`, ReasonDuplicateKey},
+		{"too deep", `{"model":"a","x":` + strings.Repeat("[", 600) + strings.Repeat("]", 600) + `}`, ReasonTooDeep},
+		{"1 MiB of [", strings.Repeat("[", 1<<20), ReasonTooDeep},
+		{"single quotes", `{'model':'a'}`, ReasonInvalidJSON},
+		{"trailing comma", `{"model":"a",}`, ReasonInvalidJSON},
+		{"leading zero", `{"model":"a","n":01}`, ReasonInvalidJSON},
+		{"bad escape", `{"model":"a\x"}`, ReasonInvalidJSON},
+		{"NaN", `{"model":"a","t":NaN}`, ReasonInvalidJSON},
+		{"comment", `{"model":"a"/*x*/}`, ReasonInvalidJSON},
+		{"BOM", "\xef\xbb\xbf{\"model\":\"a\"}", ReasonInvalidJSON},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := ParseRequest([]byte(tc.body), testMaxModelLen)
+			var re *RequestError
+			require.True(t, errors.As(err, &re), "want a *RequestError, got %v", err)
+			assert.Equal(t, tc.want, re.Reason, re.Msg)
+			assert.NotContains(t, re.Msg, "\x00")
+			assert.NotContains(t, re.Msg, "\n")
+		})
+	}
+}
+
+// TestScanJSONMatchesEncodingJSON checks the validator against
+// encoding/json.Valid on hand-picked documents (the fuzz target checks the
+// same on random ones).
+func TestScanJSONMatchesEncodingJSON(t *testing.T) {
+	docs := []string{
+		``, ` `, `{}`, `[]`, `""`, `0`, `-0`, `-`, `1.`, `1.5e`, `1e+5`, `.5`, `01`, `[1,]`, `[,1]`, `{"a"}`,
+		`{"a":}`, `{"a":1,}`, `{,}`, `[[[]]]`, `[[[]]`, `{"a":[{"b":{}}]}`, `"\u12"`, `"\u12G4"`, `"\uD834\uDD1E"`,
+		"\"\t\"", `tru`, `true`, `truex`, `nul`, `null `, ` false`, `[1 2]`, `{"a" "b"}`, `{"a":1 "b":2}`,
+		`"a\"b"`, `"a\\"`, `"a\\\"`, `{"\\":"\\"}`, `1 2`, `{}}`, `[]]`, `{]`, `[}`,
+	}
+	for _, d := range docs {
+		ok, _ := scanJSON([]byte(d), func(member) bool { return true })
+		assert.Equal(t, json.Valid([]byte(d)), ok, "%q", d)
+	}
+}
+
+func TestScanJSONMembers(t *testing.T) {
+	doc := []byte(`{"a":1, "b" : {"c":[2,{"d":3}]} ,"e":"x","f":[]}`)
+	var got []string
+	ok, err := scanJSON(doc, func(m member) bool {
+		got = append(got, string(doc[m.keyStart:m.keyEnd])+"="+string(doc[m.start:m.end]))
+		return true
+	})
+	require.True(t, ok)
+	require.Nil(t, err)
+	assert.Equal(t, []string{`a=1`, `b={"c":[2,{"d":3}]}`, `e="x"`, `f=[]`}, got)
+}
+
+func TestSpliceModel(t *testing.T) {
+	body := []byte(`{"model" : "sql" ,"prompt":"x"}`)
+	p, err := ParseRequest(body, testMaxModelLen)
+	require.NoError(t, err)
+	out := spliceModel(body, &p, `sql-v"2`)
+	assert.Equal(t, `{"model" : "sql-v\"2" ,"prompt":"x"}`, string(out))
+	p2, err := ParseRequest(out, testMaxModelLen)
+	require.NoError(t, err)
+	assert.Equal(t, `sql-v"2`, p2.Model)
+	assert.Equal(t, `{"model" : "sql" ,"prompt":"x"}`, string(body), "the original is not modified")
+}
+
+func TestErrorBodyIsJSON(t *testing.T) {
+	for _, msg := range []string{"plain", `quote " and \ backslash`, "ctl \x00\x1f\x7f", "bad utf8 \xff", "ünï"} {
+		b := errorBody(msg, "t", "c")
+		var v map[string]map[string]string
+		require.NoError(t, json.Unmarshal(b, &v), "%q", b)
+		assert.Equal(t, strings.ToValidUTF8(msg, "\uFFFD"), v["error"]["message"])
+		assert.False(t, bytes.ContainsAny(b, "\x00\x1f\x7f"))
+	}
+}
+
+// body4K is a chat request of about 4 KiB, the benchmark size.
+func body4K(model string) []byte {
+	content := strings.Repeat("The quick brown fox jumps over the lazy dog. ", 88)
+	return []byte(`{"model":"` + model + `","messages":[{"role":"system","content":"You are helpful."},{"role":"user","content":"` +
+		content + `"}],"stream":true,"max_tokens":256,"temperature":0.7}`)
+}
+
+func BenchmarkParseRequest(b *testing.B) {
+	body := body4K("sql-lora")
+	b.SetBytes(int64(len(body)))
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, err := ParseRequest(body, 256); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
