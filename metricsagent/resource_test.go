@@ -1,0 +1,157 @@
+package metricsagent
+
+import (
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/wasm-epp/wasm-epp/scheduler/wire"
+)
+
+// TestResourceUsage measures the real agent binary scraping 100 loopback
+// pods (each serving the 26 KB vLLM v1 golden page) and pushing to one
+// loopback Envoy stand-in every 50 ms: CPU share of one core and RSS of the
+// agent process alone, read from /proc. Target: under 10% and 50 MiB.
+//
+// Opt-in, because it takes ~15 s and only means something on a quiet
+// machine:
+//
+//	make cmds && WASM_EPP_RESOURCE_TEST=1 WASM_EPP_BIN=$PWD/bin \
+//	  go test -run TestResourceUsage -v -count=1 ./metricsagent/
+//
+// WASM_EPP_RESOURCE_SECONDS changes the measured window (default 10).
+func TestResourceUsage(t *testing.T) {
+	if os.Getenv("WASM_EPP_RESOURCE_TEST") != "1" {
+		t.Skip("set WASM_EPP_RESOURCE_TEST=1 to measure the agent's CPU and RSS")
+	}
+	window := 10 * time.Second
+	if s := os.Getenv("WASM_EPP_RESOURCE_SECONDS"); s != "" {
+		n, err := strconv.Atoi(s)
+		require.NoError(t, err)
+		window = time.Duration(n) * time.Second
+	}
+	bin := agentBinary(t)
+
+	body := golden(t, "vllm-v1.txt")
+	var scrapes atomic.Int64
+	var targets []string
+	for range 100 {
+		srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			scrapes.Add(1)
+			w.Header().Set("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
+			_, _ = w.Write(body)
+		}))
+		t.Cleanup(srv.Close)
+		targets = append(targets, strings.TrimPrefix(srv.URL, "http://"))
+	}
+	var pushes, full atomic.Int64
+	envoy := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		b, _ := io.ReadAll(r.Body)
+		p, err := wire.DecodePush(b, wire.Limits{})
+		if err != nil || r.Header.Get("Authorization") != "Bearer bench" {
+			http.Error(w, "bad push", http.StatusBadRequest)
+			return
+		}
+		pushes.Add(1)
+		if len(p.Endpoints) == 100 {
+			full.Add(1)
+		}
+		w.WriteHeader(http.StatusNoContent)
+	}))
+	t.Cleanup(envoy.Close)
+
+	cmd := exec.Command(bin, "--targets", strings.Join(targets, ","),
+		"--envoy-targets", strings.TrimPrefix(envoy.URL, "http://"),
+		"--listen", "127.0.0.1:0", "--log-level", "warn")
+	cmd.Env = append(os.Environ(), TokenEnv+"=bench")
+	var stderr lockedWriter
+	stderr.w = &strings.Builder{}
+	cmd.Stderr = &stderr
+	require.NoError(t, cmd.Start())
+	var once sync.Once
+	stop := func() {
+		once.Do(func() {
+			_ = cmd.Process.Signal(syscall.SIGTERM)
+			_ = cmd.Wait()
+		})
+	}
+	t.Cleanup(stop)
+
+	deadline := time.Now().Add(30 * time.Second)
+	for full.Load() == 0 {
+		require.True(t, time.Now().Before(deadline), "no push with 100 endpoints; agent said: %s", stderr.w)
+		time.Sleep(100 * time.Millisecond)
+	}
+	time.Sleep(2 * time.Second) // warm up: connections open, buffers pooled
+
+	pid := cmd.Process.Pid
+	cpu0, scrapes0, pushes0, full0 := cpuTicks(t, pid), scrapes.Load(), pushes.Load(), full.Load()
+	start := time.Now()
+	time.Sleep(window)
+	cpu1, elapsed := cpuTicks(t, pid), time.Since(start)
+	rss, hwm := procStatusKiB(t, pid, "VmRSS:"), procStatusKiB(t, pid, "VmHWM:")
+	nScrapes, nPushes, nFull := scrapes.Load()-scrapes0, pushes.Load()-pushes0, full.Load()-full0
+
+	// USER_HZ is 100 on every Linux architecture Go supports.
+	cpuShare := float64(cpu1-cpu0) / 100 / elapsed.Seconds()
+	t.Logf("agent over %.1fs: CPU %.1f%% of one core, RSS %.1f MiB (peak %.1f MiB); %d scrapes (%.0f/s), %d pushes (%d with all 100 endpoints, %.1f/s)",
+		elapsed.Seconds(), 100*cpuShare, float64(rss)/1024, float64(hwm)/1024,
+		nScrapes, float64(nScrapes)/elapsed.Seconds(), nPushes, nFull, float64(nPushes)/elapsed.Seconds())
+	stop()
+	require.Equal(t, 0, cmd.ProcessState.ExitCode(), "graceful exit on SIGTERM; agent said: %s", stderr.w)
+	require.Less(t, cpuShare, 0.10, "CPU share of one core")
+	require.Less(t, float64(rss)/1024, 50.0, "RSS MiB")
+}
+
+// agentBinary returns $WASM_EPP_BIN/metricsagent (make cmds), or builds it.
+func agentBinary(t *testing.T) string {
+	if dir := os.Getenv("WASM_EPP_BIN"); dir != "" {
+		p := filepath.Join(dir, "metricsagent")
+		if _, err := os.Stat(p); err == nil {
+			return p
+		}
+	}
+	p := filepath.Join(t.TempDir(), "metricsagent")
+	out, err := exec.Command("go", "build", "-trimpath", "-o", p, "./cmd/metricsagent").CombinedOutput()
+	require.NoError(t, err, "%s", out)
+	return p
+}
+
+// cpuTicks reads utime+stime of pid in clock ticks (/proc/pid/stat fields
+// 14 and 15, counted after the parenthesised command name).
+func cpuTicks(t *testing.T, pid int) int64 {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	require.NoError(t, err)
+	fields := strings.Fields(string(b[strings.LastIndexByte(string(b), ')')+2:]))
+	utime, err := strconv.ParseInt(fields[11], 10, 64)
+	require.NoError(t, err)
+	stime, err := strconv.ParseInt(fields[12], 10, 64)
+	require.NoError(t, err)
+	return utime + stime
+}
+
+func procStatusKiB(t *testing.T, pid int, key string) int64 {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/status")
+	require.NoError(t, err)
+	for line := range strings.SplitSeq(string(b), "\n") {
+		if rest, ok := strings.CutPrefix(line, key); ok {
+			n, err := strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(rest), " kB"), 10, 64)
+			require.NoError(t, err)
+			return n
+		}
+	}
+	t.Fatalf("%s not in /proc/%d/status", key, pid)
+	return 0
+}
