@@ -118,7 +118,8 @@ type stream struct {
 	reset           bool
 	reqPermit       chan struct{}
 	readPaused      bool
-	readerBusy      atomic.Bool // the body reader may be inside Body.Read
+	readerBusy      atomic.Bool   // the body reader may be inside Body.Read
+	readerDone      chan struct{} // closed when the body reader returns
 
 	route       *RouteConfig
 	up          *upstreamCall
@@ -622,6 +623,7 @@ func (s *stream) grantRead() {
 
 // readRequestBody delivers the downstream body one chunk per permit.
 func (s *stream) readRequestBody() {
+	defer close(s.readerDone)
 	defer s.readerBusy.Store(false)
 	var total int64
 	buf := make([]byte, readChunkSize)
@@ -722,6 +724,11 @@ func (s *stream) writeHeaders(eos bool) {
 	}
 	if _, ok := s.respMap.Get("server"); !ok {
 		h.Set("Server", "envoy") // the connection manager's server_name
+	}
+	if !s.dec.complete {
+		// An HTTP/1 response sent before the request ended closes the
+		// connection (the connection manager drains it).
+		h.Set("Connection", "close")
 	}
 	if _, ok := s.respMap.Get("content-length"); !ok && eos && !isBodilessStatus(status) {
 		h.Set("Content-Length", "0")

@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"sort"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 )
@@ -104,13 +105,17 @@ func (l *listener) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *stream) run() {
-	defer close(s.done)
-	_ = http.NewResponseController(s.w).EnableFullDuplex()
+	var once sync.Once
+	closeDone := func() { once.Do(func() { close(s.done) }) }
+	defer closeDone()
+	rc := http.NewResponseController(s.w)
+	_ = rc.EnableFullDuplex()
 	s.reqMap = requestHeaderMap(s.r)
 	s.lis.mutateRequestHeaders(s.reqMap, s.remoteAddr)
 	eos := s.r.Body == nil || s.r.Body == http.NoBody || s.r.ContentLength == 0
 	if !eos {
 		s.reqPermit = make(chan struct{}, 1)
+		s.readerDone = make(chan struct{})
 		s.readerBusy.Store(true)
 		go s.readRequestBody()
 	}
@@ -125,10 +130,18 @@ func (s *stream) run() {
 			s.resetStream()
 		}
 	}
+	// Goroutines feeding the loop stop now.
+	closeDone()
 	s.complete()
-	// A reset, or a response that finished before the request body did,
-	// closes the connection (the body reader may still be reading it).
-	if s.reset || s.readerBusy.Load() {
+	// The response may have finished before the request body did: stop the
+	// body reader (a read deadline in the past ends a blocked Read) and let
+	// net/http close the connection gracefully, since the rest of the body
+	// is never read.
+	if s.readerBusy.Load() {
+		_ = rc.SetReadDeadline(time.Now())
+		<-s.readerDone
+	}
+	if s.reset {
 		panic(http.ErrAbortHandler)
 	}
 }

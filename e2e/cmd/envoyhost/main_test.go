@@ -79,7 +79,7 @@ func TestRunServesAndShutsDown(t *testing.T) {
 			addr = m[1]
 		}
 		return m != nil
-	}, 60*time.Second, 20*time.Millisecond, stderr.String())
+	}, 3*time.Minute, 20*time.Millisecond, stderr.String())
 	resp, err := http.Get("http://" + addr + "/tp/property?path=plugin_name")
 	require.NoError(t, err)
 	body, _ := io.ReadAll(resp.Body)
