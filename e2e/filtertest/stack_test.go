@@ -345,6 +345,23 @@ func (s *stack) routerAccess() []envoyhost.AccessLogEntry {
 	return out
 }
 
+// routerAccessFor waits for the router's access-log entry of path (it is
+// written after the response is sent) and returns it.
+func (s *stack) routerAccessFor(path string) envoyhost.AccessLogEntry {
+	s.t.Helper()
+	var found envoyhost.AccessLogEntry
+	require.Eventually(s.t, func() bool {
+		for _, e := range s.routerAccess() {
+			if e.Path == path {
+				found = e
+				return true
+			}
+		}
+		return false
+	}, 10*time.Second, 5*time.Millisecond, "no access log entry for %s", path)
+	return found
+}
+
 func (s *stack) podByName(name string) *podServer {
 	for _, p := range s.pods {
 		if p.name == name {
