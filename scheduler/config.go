@@ -89,23 +89,33 @@ const (
 //
 //   - decision-tree: the seed's algorithm (SeedTree), random among the
 //     survivors. The default.
-//   - scoring: the same signals as weighted scores instead of a tree.
+//   - scoring: the seed's signals as weighted scores instead of a tree.
 //     shed-filter keeps the seed's shedding (Standard/Sheddable dropped
-//     when no endpoint has capacity). Weights: lora-affinity 2, queue 1,
-//     kv-cache 1; max-score picker (random among ties). LoRA affinity
-//     weighs double because sending a request to an endpoint that has
-//     neither the adapter nor a free slot stalls it until a slot frees, the
-//     costliest mistake; queue and KV are the seed's next two criteria and
-//     weigh equally as they do there (least-queue, then least-KV). The
-//     queue score is min-max normalised over the candidates, so the
-//     shortest queue scores 1 and the longest 0 however small the gap: an
-//     endpoint holding the adapter but with the longest queue (2+0+kv)
-//     loses to a free-slot endpoint with the shortest (1.6+1+kv), the
-//     seed's "spread adapters before making a hot spot"; yet it beats an
-//     endpoint that cannot load the adapter (0+1+kv) unless that one's KV
-//     cache is a full point emptier. Max-score concentrates load between
-//     snapshot refreshes more than the tree's random pick among a band
-//     does; the fleet simulation measures the difference.
+//     when no endpoint has capacity). Weights: lora-affinity 10, queue 1,
+//     kv-cache 2, running-requests 1; max-score picker (random among
+//     ties). Tuned with the fleet simulation (e2e/fleet, issue 8; what was
+//     tried and what it gave: e2e/results/TUNING.md). What the weights do:
+//     the gap between "adapter active" (1.0) and "free slot" (0.8) is
+//     0.2×10 = 2, as much as queue and running-requests together can swing
+//     (each min-max normalised, a full point for any gap), so a request
+//     joins an endpoint that already runs its adapter unless that endpoint
+//     is the most loaded on queue and batch and also fuller on KV: the
+//     seed's "spread adapters only before a hot spot". Each adapter added
+//     to a batch slows every step (×(1+0.02·A)) and takes a slot, so
+//     keeping adapters concentrated wins. The "free slot" to "cannot load"
+//     gap (0.8×10 = 8) exceeds every other score combined: a request is
+//     never sent where its adapter must wait for a slot while a free slot
+//     exists, which stalls it for seconds (vLLM #15422). Tried and
+//     rejected: the first defaults (lora-affinity 2, queue 1, kv-cache 1)
+//     spread every adapter into every free slot (4.0 adapters per batch at
+//     max-lora 4 against the tree's 3.7) and trailed the tree by ~1% at
+//     saturation; lora-affinity 12 or more without the running-requests
+//     scorer never spreads, so hot adapters pile up (p90 NTPOT ×100 at
+//     90% load); running-requests at weight 2 with lora-affinity 2 spreads
+//     too eagerly; the weighted-random picker scatters adapters (p90 NTPOT
+//     ×50). With these weights the profile's p90 TPOT and NTPOT are at or
+//     below the tree's at every load from 20% to 130% of saturation in
+//     both simulated scenarios.
 //   - random, round-robin, least-request: classic balancers without
 //     shedding, baselines for the fleet simulation.
 func BuiltinProfiles() map[string]ProfileSpec {
@@ -114,9 +124,10 @@ func BuiltinProfiles() map[string]ProfileSpec {
 		ProfileScoring: {
 			Filters: []string{TypeShedFilter},
 			Scorers: []ScorerRef{
-				{Scorer: TypeLoRAAffinityScorer, Weight: 2},
+				{Scorer: TypeLoRAAffinityScorer, Weight: 10},
 				{Scorer: TypeQueueScorer, Weight: 1},
-				{Scorer: TypeKVCacheScorer, Weight: 1},
+				{Scorer: TypeKVCacheScorer, Weight: 2},
+				{Scorer: TypeRunningRequestsScorer, Weight: 1},
 			},
 			Picker: TypeMaxScorePicker,
 		},
