@@ -139,7 +139,7 @@ var CSVHeader = []string{
 	"tpot_mean_ms", "tpot_p50_ms", "tpot_p90_ms", "tpot_p99_ms",
 	"ntpot_mean_ms", "ntpot_p50_ms", "ntpot_p90_ms", "ntpot_p99_ms",
 	"e2e_mean_ms", "e2e_p50_ms", "e2e_p90_ms", "e2e_p99_ms",
-	"adapter_loads", "preemptions", "routed_per_replica",
+	"adapter_loads", "preemptions", "mean_active_adapters", "routed_per_replica",
 }
 
 // WriteCSV writes one row per run.
@@ -165,7 +165,7 @@ func (rep *Report) WriteCSV(w io.Writer) error {
 			row = append(row, q(r.TPOT)...)
 			row = append(row, q(r.NTPOT)...)
 			row = append(row, q(r.E2E)...)
-			row = append(row, strconv.FormatInt(r.AdapterLoads, 10), strconv.FormatInt(r.Preemptions, 10), strings.Join(routed, ";"))
+			row = append(row, strconv.FormatInt(r.AdapterLoads, 10), strconv.FormatInt(r.Preemptions, 10), f(r.MeanActiveAdapters), strings.Join(routed, ";"))
 			if err := cw.Write(row); err != nil {
 				return err
 			}
@@ -220,15 +220,15 @@ func (rep *Report) WriteMarkdown(w io.Writer) error {
 		fmt.Fprintf(&b, "Replica saturation %.1f req/s, %.0f output tok/s (mean batch %.0f) → fleet saturation **%.1f req/s**. Criticality mix %s.\n\n",
 			sr.Capacity.Replica.RequestsPerSecond, sr.Capacity.Replica.OutputTokensPerSecond, sr.Capacity.Replica.MeanRunning, sr.Capacity.FleetRPS, sc.Criticality)
 		fmt.Fprintf(&b, "### At the knee: %.0f%% load, %.1f req/s offered\n\n", 100*knee, knee*sr.Capacity.FleetRPS)
-		b.WriteString("| policy | req/s | output tok/s | TTFT | TPOT | NTPOT | end-to-end | dropped | adapter loads/min | preemptions/min |\n")
-		b.WriteString("|---|---:|---:|---|---|---|---|---:|---:|---:|\n")
+		b.WriteString("| policy | req/s | output tok/s | TTFT | TPOT | NTPOT | end-to-end | dropped | adapter loads/min | adapters per batch | preemptions/min |\n")
+		b.WriteString("|---|---:|---:|---|---|---|---|---:|---:|---:|---:|\n")
 		for _, pol := range c.Policies {
 			r := sr.run(pol.Name, knee)
 			if r == nil {
 				continue
 			}
-			fmt.Fprintf(&b, "| %s | %.1f | %.0f | %s | %s | %s | %s | %d | %.1f | %.1f |\n", r.Policy, r.ThroughputRPS, r.OutputTokPS,
-				fmtQ(r.TTFT), fmtQ(r.TPOT), fmtQ(r.NTPOT), fmtQ(r.E2E), r.Dropped, r.PerMinute(r.AdapterLoads), r.PerMinute(r.Preemptions))
+			fmt.Fprintf(&b, "| %s | %.1f | %.0f | %s | %s | %s | %s | %d | %.1f | %.2f | %.1f |\n", r.Policy, r.ThroughputRPS, r.OutputTokPS,
+				fmtQ(r.TTFT), fmtQ(r.TPOT), fmtQ(r.NTPOT), fmtQ(r.E2E), r.Dropped, r.PerMinute(r.AdapterLoads), r.MeanActiveAdapters, r.PerMinute(r.Preemptions))
 		}
 		for _, m := range plotMetrics {
 			fmt.Fprintf(&b, "\n### %s (%s) vs load\n\n![%s](%s)\n\n", m.title, m.unit, m.key, plotFile(sc.Name, m.key))
@@ -346,8 +346,67 @@ func (rep *Report) targets(knee float64) string {
 			}
 		}
 	}
-	b.WriteString("\nA ratio is the policy's value divided by decision-tree's: above 1 means decision-tree is better; for scoring, at most 1 means scoring matches or beats it.\n")
+	b.WriteString("\nA ratio is the policy's value divided by decision-tree's: above 1 means decision-tree is better; for scoring, at most 1 means scoring matches or beats it.\n\n")
+	b.WriteString(rep.verdicts(knee))
 	return b.String()
+}
+
+// verdicts states, per scenario, whether issue 8's targets hold: decision-tree
+// at least 3× better than round-robin and both least-request policies at the
+// knee, and scoring no worse than decision-tree at the knee and at every
+// swept load.
+func (rep *Report) verdicts(knee float64) string {
+	var b strings.Builder
+	yes := func(ok bool) string {
+		if ok {
+			return "**met**"
+		}
+		return "**not met**"
+	}
+	for i := range rep.Results {
+		sr := &rep.Results[i]
+		dt := sr.run(targetPolicy, knee)
+		if dt == nil {
+			continue
+		}
+		for _, m := range []struct {
+			name string
+			f    func(*Result) time.Duration
+		}{
+			{"p90 TPOT", func(r *Result) time.Duration { return r.TPOT.P90 }},
+			{"p90 NTPOT", func(r *Result) time.Duration { return r.NTPOT.P90 }},
+		} {
+			worst := math.Inf(1)
+			for _, p := range []string{"round-robin", EnvoyLeastRequest, "least-request"} {
+				if r := sr.run(p, knee); r != nil {
+					worst = math.Min(worst, ratio(m.f(r), m.f(dt)))
+				}
+			}
+			if !math.IsInf(worst, 1) {
+				fmt.Fprintf(&b, "- (%s) decision-tree ≥3× better than round-robin and least-request on %s: %s (smallest ratio %.1f×).\n",
+					sr.Scenario.Name, m.name, yes(worst >= 3), worst)
+			}
+			var worse []string
+			for _, l := range rep.Config.Loads {
+				d, sc := sr.run(targetPolicy, l), sr.run(scoringPolicy, l)
+				if d != nil && sc != nil && m.f(sc) > m.f(d) {
+					worse = append(worse, fmt.Sprintf("%.0f%% (%.2f×)", 100*l, ratio(m.f(sc), m.f(d))))
+				}
+			}
+			if sc := sr.run(scoringPolicy, knee); sc != nil {
+				fmt.Fprintf(&b, "- (%s) scoring at least matches decision-tree on %s at the knee: %s (%.2f×); loads where it is worse: %s.\n",
+					sr.Scenario.Name, m.name, yes(m.f(sc) <= m.f(dt)), ratio(m.f(sc), m.f(dt)), orNone(worse))
+			}
+		}
+	}
+	return b.String()
+}
+
+func orNone(list []string) string {
+	if len(list) == 0 {
+		return "none"
+	}
+	return strings.Join(list, ", ")
 }
 
 func ratio(a, b time.Duration) float64 {

@@ -77,6 +77,11 @@ type Result struct {
 	// AdapterLoads and Preemptions are summed over replicas inside the
 	// window (and over seeds).
 	AdapterLoads, Preemptions int64
+	// MeanActiveAdapters is the mean number of adapters in a replica's
+	// running batch, sampled at every scrape inside the window: how widely
+	// the policy spreads each adapter (each costs LoRA slowdown and a
+	// slot).
+	MeanActiveAdapters float64
 	// Seeds is how many seeds were pooled (RunSeeds); counts are totals
 	// over them, rates and latencies describe the pool.
 	Seeds int
@@ -168,10 +173,12 @@ func RunSeeds(cfg RunConfig, n int) (Result, error) {
 			pooled.Routed[i] += r.Routed[i]
 		}
 		pooled.End = max(pooled.End, r.End)
+		pooled.MeanActiveAdapters += r.MeanActiveAdapters
 	}
 	pooled.Seeds = n
 	pooled.ThroughputRPS /= float64(n)
 	pooled.OutputTokPS /= float64(n)
+	pooled.MeanActiveAdapters /= float64(n)
 	pooled.TTFT, pooled.TPOT, pooled.NTPOT, pooled.E2E = summarize(all.ttft), summarize(all.tpot), summarize(all.ntpot), summarize(all.e2e)
 	return pooled, nil
 }
@@ -218,11 +225,18 @@ func runOnce(cfg RunConfig, into *samples) (Result, error) {
 		}
 	}
 	view := &View{Snapshot: snap, InFlight: make([]int, sc.Replicas)}
+	var activeSum float64
+	var activeSamples int
 	scrape := func(at time.Duration) {
 		t := Epoch.Add(at)
 		snap.Time = t
+		inWindow := at >= cfg.Warmup && at < cfg.Warmup+cfg.Window
 		for i, r := range reps {
 			m := r.Metrics()
+			if inWindow {
+				activeSum += float64(len(m.RunningAdapters))
+				activeSamples++
+			}
 			snap.Endpoints[i].Metrics = scheduler.Metrics{
 				WaitingQueueSize: m.Waiting,
 				RunningQueueSize: m.Running,
@@ -375,5 +389,8 @@ func runOnce(cfg RunConfig, into *samples) (Result, error) {
 	res.OutputTokPS = float64(atEnd.GenerationTokens-atStart.GenerationTokens) / secs
 	res.AdapterLoads = atEnd.AdapterLoads - atStart.AdapterLoads
 	res.Preemptions = atEnd.Preemptions - atStart.Preemptions
+	if activeSamples > 0 {
+		res.MeanActiveAdapters = activeSum / float64(activeSamples)
+	}
 	return res, nil
 }
