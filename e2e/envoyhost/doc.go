@@ -1,25 +1,49 @@
 // Package envoyhost is an Envoy-faithful Proxy-Wasm host built on wazero.
 //
-// It runs a real .wasm plugin the way Envoy (with proxy-wasm-cpp-host) does,
-// so tests of the plugin test the binary users deploy. Each emulated
-// behaviour names the upstream source it follows; the repositories are
-// proxy-wasm/proxy-wasm-cpp-host ("cpp-host") and envoyproxy/envoy ("envoy").
+// It runs a real .wasm plugin the way Envoy (with proxy-wasm-cpp-host and
+// the V8 runtime) does, so tests of the plugin test the binary users
+// deploy. Each emulated behaviour names the upstream source it follows;
+// the repositories are proxy-wasm/proxy-wasm-cpp-host ("cpp-host") and
+// envoyproxy/envoy ("envoy").
 //
 // What it covers:
-//   - loading: ABI version export, the exact cpp-host import set (anything
-//     else fails with "Failed to load Wasm module due to a missing import"),
-//     the WASI functions with cpp-host's return values, restricted callbacks
-//     during _initialize and inside the allocator;
-//   - VM lifecycle: base VM, canary (its configure result accepts or rejects
-//     the configuration), then one VM for the main thread and one per
-//     worker, several plugins sharing a VM when their vm key matches;
+//   - loading: ABI version export, the exact cpp-host import set (imports.go;
+//     anything else fails with "Failed to load Wasm module due to a missing
+//     import: <module>.<name>"), the WASI functions with cpp-host's return
+//     values (two generations: WASICurrent and WASILegacy), restricted
+//     callbacks during _initialize and inside the allocator;
+//   - VM lifecycle: base VM, canary (its on_vm_start/on_configure answer
+//     accepts or rejects the configuration), then one VM for the main thread
+//     and one per worker; plugins whose vm key matches share those VMs, each
+//     with its own root context; shared data per vm_id with one CAS counter;
+//     tick timers per root context; proxy_done at shutdown;
 //   - HTTP: listeners running each request through the filter on a worker
-//     VM, Envoy's header-map, body-buffering, StopIteration/StopAll,
-//     local-reply and buffer-limit semantics, an ORIGINAL_DST or STATIC
-//     cluster behind a router, streamed responses;
-//   - shared data, timers, HTTP callouts, properties, metrics (exposed on an
-//     admin listener at /stats and /stats/prometheus), failure policies.
+//     VM (round robin), Envoy's header-map, body-buffering,
+//     StopIteration/StopAll, local-reply and buffer-limit (413) semantics, a
+//     route table with direct responses, ORIGINAL_DST and STATIC clusters,
+//     streamed responses, Content-Length never fixed;
+//   - callouts (proxy_http_call), properties, metrics on an admin listener at
+//     /stats and /stats/prometheus (the wasmcustom namespace hidden, as
+//     Envoy does), failure policies FAIL_CLOSED, FAIL_OPEN, FAIL_RELOAD.
 //
 // Configure it with Config (Go) or from an Envoy bootstrap YAML subset with
-// LoadBootstrap; see the command in e2e/cmd/envoyhost.
+// LoadBootstrap; the command is e2e/cmd/envoyhost.
+//
+// Known differences from Envoy, on purpose or for lack of need:
+//   - HTTP/1.1 only, through net/http: no HTTP/2, no gRPC-specific local
+//     replies, trailers are not delivered to the filter; Go adds a Date
+//     response header; request headers reach the filter sorted by name
+//     after the pseudo-headers (net/http does not keep their order).
+//   - A worker is chosen per request (Envoy: per connection).
+//   - Bytes past a stale Content-Length are dropped (Envoy writes them on
+//     the upstream connection, where they break the next request).
+//   - Histograms are visible at once (Envoy merges them at each stats flush)
+//     and /stats prints their count and sum, not quantiles. Gauges are one
+//     stat per name, so increments from all workers add up and a record
+//     (set) from any worker replaces the value, as in Envoy.
+//   - No gRPC callouts, no foreign functions; path normalisation removes dot
+//     segments and merges slashes only; circuit breakers and idle timeouts
+//     are accepted and not enforced.
+//   - A trap in a root context's on_context_create refuses the plugin
+//     (cpp-host would go on calling on_vm_start on the failed VM).
 package envoyhost

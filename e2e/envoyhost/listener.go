@@ -58,7 +58,10 @@ func (l *listener) start() error {
 
 func (l *listener) stop(ctx context.Context) {
 	if l.srv != nil {
-		_ = l.srv.Shutdown(ctx)
+		if err := l.srv.Shutdown(ctx); err != nil {
+			// Streams still running (a plugin that never resumes): cut them.
+			_ = l.srv.Close()
+		}
 	}
 }
 
@@ -201,7 +204,9 @@ func requestHeaderMap(r *http.Request) *HeaderMap {
 	sort.Strings(keys)
 	for _, k := range keys {
 		lk := strings.ToLower(k)
-		if lk == "host" || hopByHop[lk] {
+		// Envoy answers "Expect: 100-continue" itself and removes the header
+		// (net/http sends the 100 when the body is first read).
+		if lk == "host" || hopByHop[lk] || (lk == "expect" && strings.EqualFold(r.Header.Get(k), "100-continue")) {
 			continue
 		}
 		for _, v := range r.Header[k] {
