@@ -109,13 +109,15 @@ const (
 //     rejected: the first defaults (lora-affinity 2, queue 1, kv-cache 1)
 //     spread every adapter into every free slot (4.0 adapters per batch at
 //     max-lora 4 against the tree's 3.7) and trailed the tree by ~1% at
-//     saturation; lora-affinity 12 or more without the running-requests
-//     scorer never spreads, so hot adapters pile up (p90 NTPOT ×100 at
-//     90% load); running-requests at weight 2 with lora-affinity 2 spreads
-//     too eagerly; the weighted-random picker scatters adapters (p90 NTPOT
-//     ×50). With these weights the profile's p90 TPOT and NTPOT are at or
-//     below the tree's at every load from 20% to 130% of saturation in
-//     both simulated scenarios.
+//     saturation; lora-affinity 12 without the running-requests scorer
+//     hardly ever spreads, so hot adapters pile up (p90 NTPOT ×60–110 at
+//     90% load); dropping the queue scorer, or running-requests at weight
+//     2 with lora-affinity 2, sends requests where their adapter waits for
+//     a slot (p99 TTFT of minutes); the weighted-random picker scatters
+//     adapters over every slot (p90 NTPOT ×100 and more). With these
+//     weights the profile's p90 TPOT and NTPOT are at or below the tree's
+//     at every load from 20% to 130% of saturation in both simulated
+//     scenarios.
 //   - random, round-robin, least-request: classic balancers without
 //     shedding, baselines for the fleet simulation.
 func BuiltinProfiles() map[string]ProfileSpec {
