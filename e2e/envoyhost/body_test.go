@@ -54,6 +54,8 @@ func TestBodyBufferingSeesWholeBody(t *testing.T) {
 		assert.Equal(t, i == len(calls)-1, eos == "true")
 	}
 	assert.Equal(t, "10", resp.Header.Get("X-Tp-Req-Body-Len"))
+	// on_request_headers returned Continue: the header map is gone.
+	assert.Equal(t, "bad_argument", resp.Header.Get("X-Tp-Req-Header-After-Body"))
 	assert.Equal(t, "aaaabbbbcc", string(h.up.last(t).Body))
 }
 

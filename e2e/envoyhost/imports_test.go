@@ -2,7 +2,9 @@ package envoyhost
 
 import (
 	"os"
+	"sort"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -18,6 +20,7 @@ type wasmModule struct {
 	funcs   []wasmFunc
 	exports []Export // Index is a function index (imports first)
 	memory  bool
+	data    map[uint32]string // memory offset -> bytes
 }
 
 type wasmFunc struct {
@@ -140,11 +143,37 @@ func (m *wasmModule) bytes() []byte {
 		body := append(append([]byte{0}, f.body...), 0x0b)
 		codes = append(codes, append(leb(uint32(len(body))), body...))
 	}
-	return append(out, section(10, vec(codes...))...)
+	out = append(out, section(10, vec(codes...))...)
+	if len(m.data) > 0 {
+		offsets := make([]int, 0, len(m.data))
+		for off := range m.data {
+			offsets = append(offsets, int(off))
+		}
+		sort.Ints(offsets)
+		var segs [][]byte
+		for _, off := range offsets {
+			seg := append(append([]byte{0}, i32c(uint32(off))...), 0x0b)
+			segs = append(segs, append(seg, wname(m.data[uint32(off)])...))
+		}
+		out = append(out, section(11, vec(segs...))...)
+	}
+	return out
 }
 
-// i32 constant and call instructions.
-func i32c(v uint32) []byte   { return append([]byte{0x41}, leb(v)...) }
+// i32c is i32.const with its signed LEB128 immediate.
+func i32c(v uint32) []byte {
+	out := []byte{0x41}
+	x := int64(int32(v))
+	for {
+		c := byte(x & 0x7f)
+		x >>= 7
+		if (x == 0 && c&0x40 == 0) || (x == -1 && c&0x40 != 0) {
+			return append(out, c)
+		}
+		out = append(out, c|0x80)
+	}
+}
+
 func call(idx uint32) []byte { return append([]byte{0x10}, leb(idx)...) }
 func ops(parts ...[]byte) []byte {
 	var out []byte
@@ -373,4 +402,38 @@ func TestLoadChecks(t *testing.T) {
 		m.export("proxy_on_vm_start", sig2I32, ops(i32c(bufferVMConfiguration), i32c(0), i32c(100), i32c(16), i32c(20), call(get), []byte{0x1a}, i32c(1))...)
 		assert.NoError(t, loadModule(t, m))
 	})
+}
+
+// send_local_response: the reply is sent after the callback, details have
+// their spaces turned into '_', a grpc status of -1 means none.
+func TestLocalReplyDetailsFromRawModule(t *testing.T) {
+	m := baseModule()
+	send := m.importFunc("env", "proxy_send_local_response",
+		FuncType{Params: []byte{valI32, valI32, valI32, valI32, valI32, valI32, valI32, valI32}, Results: []byte{valI32}})
+	m.data = map[uint32]string{100: "no model here", 200: "hi"}
+	m.finishBase()
+	m.export("proxy_on_context_create", FuncType{Params: []byte{valI32, valI32}})
+	m.export("proxy_on_request_headers", FuncType{Params: []byte{valI32, valI32, valI32}, Results: []byte{valI32}},
+		ops(i32c(418), i32c(100), i32c(13), i32c(200), i32c(2), i32c(0), i32c(0), i32c(0xffffffff), call(send), []byte{0x1a},
+			i32c(0))...)
+	up := newUpstream(t)
+	acc := &accessLog{}
+	h, err := New(Config{
+		Workers:   1,
+		AccessLog: acc.add,
+		Clusters:  []ClusterConfig{{Name: "c", Type: ClusterStatic, Endpoints: []string{up.addr()}}},
+		Listeners: []ListenerConfig{{Name: "l", Address: "127.0.0.1:0", Cluster: "c",
+			Plugin: &PluginConfig{Name: "p", VM: VMConfig{VMID: "v", Code: m.bytes()}}}},
+	})
+	require.NoError(t, err)
+	defer h.Close()
+	require.NoError(t, h.Start())
+	resp, err := httpClient.Get("http://" + h.ListenerAddr("l") + "/")
+	require.NoError(t, err)
+	resp.Body.Close()
+	assert.Equal(t, 418, resp.StatusCode, "the callback returned Continue, the reply still wins")
+	assert.Equal(t, "2", resp.Header.Get("Content-Length"))
+	assert.Empty(t, up.requests())
+	require.Eventually(t, func() bool { return len(acc.all()) == 1 }, 5*time.Second, 10*time.Millisecond)
+	assert.Equal(t, "no_model_here", acc.all()[0].Details)
 }
