@@ -221,9 +221,16 @@ func (s *stack) setPods(states ...podState) {
 			ScrapeTime: now.Add(-st.age),
 		}
 	}
+	s.pushEndpoints(eps)
+}
+
+// pushEndpoints POSTs one agent's endpoints to the receiver and waits for
+// 204.
+func (s *stack) pushEndpoints(eps []wire.EndpointState) {
+	s.t.Helper()
 	wire.Normalize(eps)
 	s.seq++
-	payload, err := wire.EncodePush(&wire.Push{AgentID: "node-1", Seq: s.seq, SendTime: now, Endpoints: eps}, wire.DefaultLimits())
+	payload, err := wire.EncodePush(&wire.Push{AgentID: "node-1", Seq: s.seq, SendTime: s.clock.Now(), Endpoints: eps}, wire.DefaultLimits())
 	require.NoError(s.t, err)
 	req, err := http.NewRequest("POST", s.push+pushPath, bytes.NewReader(payload))
 	require.NoError(s.t, err)

@@ -63,4 +63,6 @@
 //	wasm_epp.snapshot.age_ms        gauge: now minus the snapshot's newest push
 //	wasm_epp.snapshot.endpoints     gauge: endpoints in the current snapshot
 //	wasm_epp.schedule_us            histogram: time spent in the scheduler per request
+//	wasm_epp.request_us             histogram: time spent in the request callbacks per
+//	                                request (parsing, snapshot, scheduling, host calls)
 package filter

@@ -3,6 +3,7 @@ package filter
 import (
 	"fmt"
 	"strconv"
+	"time"
 
 	"github.com/tetratelabs/proxy-wasm-go-sdk/proxywasm/types"
 
@@ -24,9 +25,48 @@ type httpContext struct {
 	finished bool
 	// servedBy names the chosen endpoint for the optional response header.
 	servedBy string
+	// spent is the time spent in the request callbacks so far; recorded in
+	// wasm_epp.request_us once the request is decided.
+	spent    time.Duration
+	recorded bool
+	// start is when the current callback began.
+	start time.Time
 }
 
+// The request callbacks are timed: wasm_epp.request_us is the filter's own
+// cost per request (host calls included), the figure the CPU budget is about.
+
 func (c *httpContext) OnHttpRequestHeaders(_ int, endOfStream bool) types.Action {
+	c.begin()
+	a := c.onRequestHeaders(endOfStream)
+	c.account()
+	return a
+}
+
+func (c *httpContext) OnHttpRequestBody(bodySize int, endOfStream bool) types.Action {
+	if !endOfStream && !c.finished && bodySize <= c.r.cfg.MaxBodyBytes {
+		return types.ActionPause // still buffering: nothing to time
+	}
+	c.begin()
+	a := c.onRequestBody(bodySize, endOfStream)
+	c.account()
+	return a
+}
+
+func (c *httpContext) begin() {
+	c.start = time.Now()
+	c.r.begin(c.start)
+}
+
+func (c *httpContext) account() {
+	c.spent += time.Since(c.start)
+	if c.finished && !c.recorded {
+		c.recorded = true
+		c.r.m.requestMicro.Record(uint64((c.spent + time.Microsecond/2) / time.Microsecond))
+	}
+}
+
+func (c *httpContext) onRequestHeaders(endOfStream bool) types.Action {
 	r := c.r
 	// Only the filter names a destination (ARCHITECTURE.md "fail-safe
 	// routing"); removing an absent header is OK in Envoy.
@@ -56,7 +96,7 @@ func (c *httpContext) OnHttpRequestHeaders(_ int, endOfStream bool) types.Action
 	return types.ActionPause
 }
 
-func (c *httpContext) OnHttpRequestBody(bodySize int, endOfStream bool) types.Action {
+func (c *httpContext) onRequestBody(bodySize int, endOfStream bool) types.Action {
 	if c.finished {
 		return types.ActionContinue
 	}
@@ -111,7 +151,7 @@ func (c *httpContext) route(p *Parsed, m *model, body []byte, targetModel string
 		req = &r.req
 		req.Model, req.TargetModel, req.Criticality = p.Model, targetModel, m.crit
 	}
-	d := r.decide(req, snap)
+	d := r.decide(req, snap, c.start)
 	if r.debugEnabled() {
 		c.logDecision(p, req, &d)
 	}
@@ -143,9 +183,6 @@ func (c *httpContext) route(p *Parsed, m *model, body []byte, targetModel string
 		c.servedBy = d.endpoint.ID.String()
 	}
 	c.finish(d.outcome)
-	if p == nil {
-		return types.ActionContinue
-	}
 	return types.ActionContinue
 }
 

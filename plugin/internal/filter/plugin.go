@@ -15,7 +15,8 @@ import (
 // the .wasm uses.
 type Options struct {
 	// Now is the clock for staleness and the snapshot-age gauge; nil means
-	// time.Now (WASI clock_time_get in the .wasm).
+	// the wall clock (WASI clock_time_get in the .wasm), read once per
+	// request callback.
 	Now func() time.Time
 	// Getenv reads VM environment variables (the receiver's push token);
 	// nil means os.Getenv (vm_config.environment_variables in Envoy).
@@ -25,9 +26,6 @@ type Options struct {
 // NewVMContext returns the VM context to register with
 // proxywasm.SetVMContext.
 func NewVMContext(opts Options) types.VMContext {
-	if opts.Now == nil {
-		opts.Now = time.Now
-	}
 	if opts.Getenv == nil {
 		opts.Getenv = os.Getenv
 	}

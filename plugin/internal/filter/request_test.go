@@ -2,8 +2,10 @@ package filter
 
 import (
 	"bytes"
+	"encoding/binary"
 	"encoding/json"
 	"errors"
+	"math/rand/v2"
 	"strings"
 	"testing"
 
@@ -175,5 +177,34 @@ func BenchmarkParseRequest(b *testing.B) {
 		if _, err := ParseRequest(body, 256); err != nil {
 			b.Fatal(err)
 		}
+	}
+}
+
+func TestSpecial8(t *testing.T) {
+	isSpecial := func(c byte) bool { return c == '"' || c == '\\' || c < 0x20 }
+	word := func(b [8]byte) uint64 { return binary.LittleEndian.Uint64(b[:]) }
+	// Every byte value at every position, among plain bytes.
+	for v := 0; v < 256; v++ {
+		for pos := 0; pos < 8; pos++ {
+			b := [8]byte{'a', 'b', 'c', 'd', 'e', 'f', 'g', 'h'}
+			b[pos] = byte(v)
+			require.Equal(t, isSpecial(byte(v)), special8(word(b)), "byte %#x at %d", v, pos)
+		}
+	}
+	// Random words: as a whole-word answer the bit trick is exact.
+	rng := rand.New(rand.NewPCG(1, 2))
+	for i := 0; i < 200000; i++ {
+		var b [8]byte
+		for j := range b {
+			b[j] = byte(rng.IntN(256))
+			if rng.IntN(2) == 0 {
+				b[j] = byte(0x20 + rng.IntN(0x60)) // mostly printable ASCII
+			}
+		}
+		want := false
+		for _, c := range b {
+			want = want || isSpecial(c)
+		}
+		require.Equal(t, want, special8(word(b)), "%q", b[:])
 	}
 }

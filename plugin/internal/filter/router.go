@@ -42,7 +42,12 @@ type router struct {
 	sched *scheduler.Scheduler
 	// rnd draws weighted targets and fail-open endpoints.
 	rnd *rand.Rand
+	// now is the injected clock (tests); nil means the time each request
+	// callback started, read once (every clock read is a host call).
 	now func() time.Time
+	// reqTime is "now" for the request being handled: staleness, snapshot
+	// age. The scheduler's clock returns it.
+	reqTime time.Time
 
 	models map[string]*model
 	// mayRewrite: some model has a target other than itself, so a body
@@ -84,6 +89,7 @@ type metrics struct {
 	decodes       proxywasm.MetricCounter
 	decodeErrors  proxywasm.MetricCounter
 	scheduleMicro proxywasm.MetricHistogram
+	requestMicro  proxywasm.MetricHistogram
 	snapshotAge   proxywasm.MetricGauge
 	endpoints     proxywasm.MetricGauge
 }
@@ -115,7 +121,7 @@ func newRouter(cfg *config.Config, opts Options) (*router, error) {
 	r.cache.snap = emptySnapshot
 	s, err := scheduler.New(cfg.SchedulerConfig, scheduler.NewRegistry(), scheduler.Options{
 		Rand:       rand.NewPCG(seed1, seed2),
-		Now:        opts.Now,
+		Now:        func() time.Time { return r.reqTime },
 		StaleAfter: time.Duration(cfg.StaleAfter),
 	})
 	if err != nil {
@@ -172,6 +178,7 @@ func (r *router) defineMetrics() {
 	r.m.decodes = proxywasm.DefineCounterMetric("wasm_epp.snapshot.decodes")
 	r.m.decodeErrors = proxywasm.DefineCounterMetric("wasm_epp.snapshot.decode_errors")
 	r.m.scheduleMicro = proxywasm.DefineHistogramMetric("wasm_epp.schedule_us")
+	r.m.requestMicro = proxywasm.DefineHistogramMetric("wasm_epp.request_us")
 	r.m.snapshotAge = proxywasm.DefineGaugeMetric("wasm_epp.snapshot.age_ms")
 	r.m.endpoints = proxywasm.DefineGaugeMetric("wasm_epp.snapshot.endpoints")
 }
@@ -279,10 +286,22 @@ type decision struct {
 	endpoint *scheduler.Endpoint
 }
 
+// begin starts handling a request callback that began at start (a
+// time.Now reading, used for timing): it fixes the request's clock.
+func (r *router) begin(start time.Time) {
+	if r.now != nil {
+		r.reqTime = r.now()
+		return
+	}
+	r.reqTime = start
+}
+
 // decide runs the scheduler (bodyless: least loaded) on snap, applies the
 // fail-open policy, and counts the decision path and the time it took.
-func (r *router) decide(req *scheduler.Request, snap *scheduler.Snapshot) decision {
-	start := time.Now()
+// start is when the current callback began (monotonic clock reads are
+// cheaper than time.Now).
+func (r *router) decide(req *scheduler.Request, snap *scheduler.Snapshot, start time.Time) decision {
+	before := time.Since(start)
 	var res scheduler.Result
 	if req == nil {
 		res = r.sched.LeastLoaded(snap)
@@ -305,12 +324,12 @@ func (r *router) decide(req *scheduler.Request, snap *scheduler.Snapshot) decisi
 	default:
 		d.outcome = outNoEndpoint
 	}
-	elapsed := time.Since(start)
+	elapsed := time.Since(start) - before
 	r.m.scheduleMicro.Record(uint64(elapsed / time.Microsecond))
 	if c, ok := r.m.paths[res.Path]; ok {
 		c.Increment(1)
 	}
-	now := r.now()
+	now := r.reqTime
 	if !snap.Time.IsZero() && now.Sub(r.lastAgeSet) >= 100*time.Millisecond {
 		r.lastAgeSet = now
 		age := now.Sub(snap.Time)
