@@ -109,7 +109,7 @@ type podServer struct {
 	handler atomic.Pointer[http.HandlerFunc]
 }
 
-func newPodServer(t *testing.T, h http.HandlerFunc) *podServer {
+func newPodServer(t testing.TB, h http.HandlerFunc) *podServer {
 	p := &podServer{}
 	p.set(h)
 	p.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { (*p.handler.Load())(w, r) }))

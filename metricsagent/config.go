@@ -47,6 +47,7 @@ type Config struct {
 	PushToken       string // from TokenEnv only
 
 	Listen    string
+	Pprof     bool
 	LogLevel  slog.Level
 	LogFormat string
 }
@@ -82,6 +83,7 @@ func newFlagSet(cfg *Config, kvNames *string, logLevel *string) *flag.FlagSet {
 	fs.DurationVar(&cfg.PushTimeout, "push-timeout", 200*time.Millisecond, "timeout of one push to one Envoy (others are not held up by it)")
 	fs.StringVar(&cfg.PushTokenFile, "push-token-file", "", "file holding the push bearer token (a mounted Secret); or set "+TokenEnv)
 	fs.StringVar(&cfg.Listen, "listen", ":9100", "address of /metrics, /healthz and /readyz")
+	fs.BoolVar(&cfg.Pprof, "pprof", false, "also serve Go's /debug/pprof/ on --listen (profiling; keep off in production)")
 	fs.StringVar(logLevel, "log-level", "info", "debug, info, warn or error")
 	fs.StringVar(&cfg.LogFormat, "log-format", "json", "json or text")
 	// Name each flag's environment variable in -h.

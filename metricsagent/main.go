@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/http/pprof"
 	"os"
 	"time"
 
@@ -86,7 +87,15 @@ func run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	if err != nil {
 		return fmt.Errorf("--listen: %w", err)
 	}
-	srv := &http.Server{Handler: Handler(reg, agent.Ready), ReadHeaderTimeout: 5 * time.Second}
+	handler := Handler(reg, agent.Ready)
+	if cfg.Pprof {
+		mux := http.NewServeMux()
+		mux.Handle("/", handler)
+		mux.HandleFunc("/debug/pprof/", pprof.Index)
+		mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
+		handler = mux
+	}
+	srv := &http.Server{Handler: handler, ReadHeaderTimeout: 5 * time.Second}
 	serveErr := make(chan error, 1)
 	go func() { serveErr <- srv.Serve(ln) }()
 	log.Info("metricsagent started", "agent_id", cfg.AgentID, "listen", ln.Addr().String(),

@@ -111,7 +111,13 @@ func ParseMetrics(body []byte, names MetricNames) (PodMetrics, error) {
 	if err != nil {
 		return PodMetrics{}, scrapeErr(wire.ScrapeParseError, "exposition text: %w", err)
 	}
+	return metricsFrom(fams, names)
+}
+
+// metricsFrom extracts the pod's metrics from parsed families.
+func metricsFrom(fams map[string]*dto.MetricFamily, names MetricNames) (PodMetrics, error) {
 	var m PodMetrics
+	var err error
 	if m.Waiting, err = queueGauge(fams, names.Waiting); err != nil {
 		return PodMetrics{}, err
 	}
@@ -287,21 +293,24 @@ func splitAdapters(s string) []string {
 }
 
 // filterFamilies appends to dst the lines of body that belong to a wanted
-// family: "# HELP name", "# TYPE name" and samples of name. Other comments
-// and blank lines are dropped. A line whose name is quoted (the UTF-8 form)
-// is kept whole and left to the parser.
+// family: "# TYPE name" and samples of name. HELP lines, other comments and
+// blank lines are dropped (the parser needs none of them). A line whose name
+// is quoted (the UTF-8 form) is kept whole and left to the parser.
+//
+// It runs on every scrape of every pod, so it looks at as little as it can:
+// the first byte of a line decides whether a name comparison is needed.
 func filterFamilies(body []byte, names MetricNames, dst []byte) []byte {
-	wanted := func(name []byte) bool {
-		s := string(name) // no allocation: the compiler optimises string(b) in comparisons
-		if s == names.Waiting || s == names.Running || (names.LoRAInfo != "" && s == names.LoRAInfo) {
-			return true
+	wanted := make([]string, 0, 4+len(names.KVUsage))
+	wanted = append(wanted, names.Waiting, names.Running)
+	if names.LoRAInfo != "" {
+		wanted = append(wanted, names.LoRAInfo)
+	}
+	wanted = append(wanted, names.KVUsage...)
+	var first [256]bool
+	for _, w := range wanted {
+		if w != "" {
+			first[w[0]] = true
 		}
-		for _, k := range names.KVUsage {
-			if s == k {
-				return true
-			}
-		}
-		return false
 	}
 	for len(body) > 0 {
 		var line []byte
@@ -313,19 +322,32 @@ func filterFamilies(body []byte, names MetricNames, dst []byte) []byte {
 		if len(line) == 0 {
 			continue
 		}
-		var name []byte
-		if line[0] == '#' {
-			rest, ok := bytes.CutPrefix(line, []byte("# HELP "))
-			if !ok {
-				if rest, ok = bytes.CutPrefix(line, []byte("# TYPE ")); !ok {
-					continue // other comments carry nothing we read
+		// The parser allows blanks before a sample and around "#" and "TYPE".
+		rest := trimBlank(line)
+		if len(rest) == 0 {
+			continue
+		}
+		if rest[0] == '#' {
+			rest = trimBlank(rest[1:])
+			if len(rest) < 5 || string(rest[:4]) != "TYPE" || (rest[4] != ' ' && rest[4] != '\t') {
+				continue // HELP and other comments carry nothing we read
+			}
+			if rest = trimBlank(rest[5:]); len(rest) == 0 {
+				continue
+			}
+		}
+		keep := rest[0] == '"' || rest[0] == '{' // quoted name: the parser judges
+		if !keep && first[rest[0]] {
+			for _, w := range wanted {
+				if len(rest) > len(w) && string(rest[:len(w)]) == w {
+					if c := rest[len(w)]; c == '{' || c == ' ' || c == '\t' {
+						keep = true
+						break
+					}
 				}
 			}
-			name = metricName(bytes.TrimLeft(rest, " \t"))
-		} else {
-			name = metricName(line)
 		}
-		if name == nil || wanted(name) {
+		if keep {
 			dst = append(dst, line...)
 			dst = append(dst, '\n')
 		}
@@ -333,15 +355,9 @@ func filterFamilies(body []byte, names MetricNames, dst []byte) []byte {
 	return dst
 }
 
-// metricName returns the leading metric name of s, or nil when the name is
-// quoted (left for the parser to judge).
-func metricName(s []byte) []byte {
-	if len(s) > 0 && (s[0] == '"' || s[0] == '{') {
-		return nil
+func trimBlank(b []byte) []byte {
+	for len(b) > 0 && (b[0] == ' ' || b[0] == '\t') {
+		b = b[1:]
 	}
-	end := bytes.IndexAny(s, "{ \t")
-	if end < 0 {
-		return s
-	}
-	return s[:end]
+	return b
 }

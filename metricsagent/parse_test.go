@@ -1,12 +1,15 @@
 package metricsagent
 
 import (
+	"bytes"
 	"math"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
@@ -64,6 +67,8 @@ func TestParseMetrics(t *testing.T) {
 		msg    string
 	}{
 		{"minimal v1", page(waiting2, running5, kvV1), DefaultMetricNames(), PodMetrics{Waiting: 2, Running: 5, KVCacheUsage: 0.5}, wire.ScrapeOK, ""},
+		{"blanks the parser accepts", page("#  TYPE\tvllm:num_requests_waiting gauge", "  vllm:num_requests_waiting 2", running5, kvV1),
+			DefaultMetricNames(), PodMetrics{Waiting: 2, Running: 5, KVCacheUsage: 0.5}, wire.ScrapeOK, ""},
 		{"v0 name only", page(waiting2, running5, "# TYPE vllm:gpu_cache_usage_perc gauge", "vllm:gpu_cache_usage_perc 0.25"),
 			DefaultMetricNames(), PodMetrics{Waiting: 2, Running: 5, KVCacheUsage: 0.25}, wire.ScrapeOK, ""},
 		{"both names: v1 preferred", page(waiting2, running5, "# TYPE vllm:gpu_cache_usage_perc gauge", "vllm:gpu_cache_usage_perc 0.9", kvV1),
@@ -133,10 +138,12 @@ func TestParseMetrics(t *testing.T) {
 
 func TestFilterFamiliesKeepsOnlyWantedLines(t *testing.T) {
 	in := page("# HELP vllm:num_requests_waiting Queued.", waiting2, "# some comment", "",
-		"# HELP vllm:num_requests_waiting_other x", "vllm:num_requests_waiting_other 1",
-		"vllm:num_requests_running{a=\"b\"}\t1", `{"vllm:odd name"} 1`)
+		"# TYPE vllm:num_requests_waiting_other gauge", "vllm:num_requests_waiting_other 1",
+		"vllm:num_requests_running{a=\"b\"}\t1", "vllm:num_requests_running", `{"vllm:odd name"} 1`,
+		"#  TYPE   vllm:kv_cache_usage_perc gauge", "# TYPE  vllm:kv_cache_usage_perc gauge", "# TYPE ")
 	got := string(filterFamilies(in, DefaultMetricNames(), nil))
-	assert.Equal(t, "# HELP vllm:num_requests_waiting Queued.\n"+waiting2+"\n"+"vllm:num_requests_running{a=\"b\"}\t1\n"+`{"vllm:odd name"} 1`+"\n", got)
+	assert.Equal(t, waiting2+"\n"+"vllm:num_requests_running{a=\"b\"}\t1\n"+`{"vllm:odd name"} 1`+"\n"+
+		"#  TYPE   vllm:kv_cache_usage_perc gauge\n"+"# TYPE  vllm:kv_cache_usage_perc gauge\n", got)
 }
 
 func TestStatusOf(t *testing.T) {
@@ -154,6 +161,14 @@ func FuzzParseMetrics(f *testing.F) {
 	f.Add(page(waiting2, running5, kvV1, "# TYPE vllm:lora_requests_info gauge", `vllm:lora_requests_info{max_lora="3",running_lora_adapters="b,a",waiting_lora_adapters="c"} 1.8e9`))
 	f.Fuzz(func(t *testing.T, body []byte) {
 		m, err := ParseMetrics(body, DefaultMetricNames())
+		// The line filter must not change the meaning: whenever the whole
+		// page parses, reading it unfiltered gives the same answer.
+		parser := expfmt.NewTextParser(model.UTF8Validation)
+		if fams, perr := parser.TextToMetricFamilies(bytes.NewReader(body)); perr == nil {
+			want, werr := metricsFrom(fams, DefaultMetricNames())
+			require.Equal(t, StatusOf(werr), StatusOf(err), "filtered: %v, unfiltered: %v", err, werr)
+			require.Equal(t, want, m)
+		}
 		if err != nil {
 			require.NotEqual(t, wire.ScrapeOK, StatusOf(err))
 			return
