@@ -80,3 +80,45 @@ func BenchmarkRequestNoPlugin(b *testing.B) {
 		c.Listeners[0].Plugin = nil
 	}))
 }
+
+// BenchmarkFilterCallbacksTrivialPlugin isolates the Wasm share of a
+// request: the callbacks of one stream (context create, request headers,
+// a 4 KiB request body, response headers, log, done, delete) with the
+// host calls the trivial plugin makes, straight on a worker VM, no
+// network.
+func BenchmarkFilterCallbacksTrivialPlugin(b *testing.B) {
+	h := newHarness(b, trivialGuestPkg, withWorkers(1))
+	p := h.host.listeners[0].plugin
+	vm, root, mode := p.contextFor(1)
+	require.Equal(b, filterActive, mode)
+	reqHeaders := NewHeaderMap(Pair{":authority", "example"}, Pair{":path", "/v1/completions"},
+		Pair{":method", "POST"}, Pair{":scheme", "http"}, Pair{"content-type", "application/json"},
+		Pair{"content-length", "4096"}, Pair{"x-request-id", newUUID()})
+	respHeaders := NewHeaderMap(Pair{":status", "200"}, Pair{"content-length", "2"})
+	body := bytes.Repeat([]byte("x"), 4096)
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		s := &stream{plugin: p, vm: vm, mode: filterActive, filterState: map[string][]byte{}}
+		vm.mu.Lock()
+		c := &wasmContext{vm: vm, id: vm.allocContextID(), parentID: root.id, root: root, plugin: p, stream: s}
+		vm.contexts[c.id] = c
+		id := uint64(c.id)
+		vm.callback(c, "proxy_on_context_create", id, uint64(root.id))
+		s.reqHeaders = reqHeaders
+		vm.callback(c, "proxy_on_request_headers", id, uint64(reqHeaders.Len()), 0)
+		s.reqHeaders = nil
+		chunk := body
+		s.reqBody = &chunk
+		vm.callback(c, "proxy_on_request_body", id, uint64(len(body)), 1)
+		s.reqBody = nil
+		s.respHeaders = respHeaders
+		vm.callback(c, "proxy_on_response_headers", id, uint64(respHeaders.Len()), 1)
+		s.respHeaders = nil
+		vm.callback(c, "proxy_on_done", id)
+		delete(vm.contexts, c.id)
+		vm.mu.Unlock()
+	}
+	b.StopTimer()
+	require.False(b, vm.Failed())
+	b.ReportMetric(float64(b.Elapsed().Microseconds())/float64(b.N), "µs/req")
+}

@@ -80,8 +80,9 @@ func New(cfg Config) (*Host, error) {
 		h.rand = rand.Reader
 	}
 	h.ctx, h.cancel = context.WithCancel(context.Background())
+	// No WithCloseOnContextDone: it costs a goroutine per call, and Envoy
+	// does not interrupt a running callback either.
 	rc := wazero.NewRuntimeConfigCompiler().
-		WithCloseOnContextDone(true).
 		WithMemoryLimitPages(16384) // 1 GiB, PROXY_WASM_HOST_MAX_WASM_MEMORY_SIZE_BYTES
 	if c.CompilationCacheDir != "" {
 		cache, err := wazero.NewCompilationCacheWithDir(c.CompilationCacheDir)

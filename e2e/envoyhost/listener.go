@@ -140,8 +140,12 @@ func (s *stream) run() {
 	// body reader (a read deadline in the past ends a blocked Read) and let
 	// net/http close the connection gracefully, since the rest of the body
 	// is never read.
-	if s.readerBusy.Load() {
-		_ = rc.SetReadDeadline(time.Now())
+	if s.readerDone != nil {
+		if !s.dec.complete {
+			_ = rc.SetReadDeadline(time.Now())
+		}
+		// The reader may still be on its way out after the last chunk; it
+		// must be gone before net/http reads the next request.
 		<-s.readerDone
 	}
 	if s.reset {
