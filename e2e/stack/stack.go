@@ -131,13 +131,14 @@ type Stack struct {
 	ownsDir   bool
 	replicas  []*Replica
 
-	mu      sync.Mutex
-	agent   *Process
-	gw      *Process
-	stopped bool
-	failed  chan *ExitError
-	watch   sync.WaitGroup
-	quit    chan struct{}
+	mu        sync.Mutex
+	agent     *Process
+	agentAddr string
+	gw        *Process
+	stopped   bool
+	failed    chan *ExitError
+	watch     sync.WaitGroup
+	quit      chan struct{}
 }
 
 // Start launches the replicas, the gateway and the agent, and returns when
@@ -432,7 +433,7 @@ func (s *Stack) StartAgent(ctx context.Context) error {
 		return err
 	}
 	s.mu.Lock()
-	s.agent = p
+	s.agent, s.agentAddr = p, addr
 	s.mu.Unlock()
 	if err := waitFor(ctx, p, 20*time.Millisecond, "agent", httpOK("http://"+addr+"/healthz")); err != nil {
 		return err
@@ -490,6 +491,17 @@ func (s *Stack) start(name string, argv, env []string) (*Process, error) {
 		}
 	}()
 	return p, nil
+}
+
+// AgentURL is the base URL of the agent's /metrics, /healthz and /readyz
+// ("" before the agent started).
+func (s *Stack) AgentURL() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.agentAddr == "" {
+		return ""
+	}
+	return "http://" + s.agentAddr
 }
 
 // Failed delivers every process that exited without being asked to.

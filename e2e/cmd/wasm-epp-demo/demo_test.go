@@ -147,6 +147,9 @@ func TestScraperHad(t *testing.T) {
 		require.Equal(t, tt.want, s.had("r1", tt.adapter, tt.at), "%s at +%s", tt.adapter, tt.at.Sub(t0))
 	}
 	require.Equal(t, hitUnknown, s.had("r2", "a", t0))
+	s.observe("pod-name-not-an-address")
+	s.observe("127.0.0.1:8001")
+	require.Equal(t, []string{"127.0.0.1:8001", "r1"}, s.endpoints(), "only host:port endpoints are scraped")
 	for i := range 20 {
 		s.add("r1", adapterSample{At: t0.Add(time.Duration(i+2) * 100 * time.Millisecond)})
 	}
@@ -162,7 +165,7 @@ func TestSummary(t *testing.T) {
 		{job: job{Model: "sql-lora-9", Criticality: "Sheddable"}, Status: 503, ErrType: "service_unavailable"},
 		{job: job{Model: stack.DefaultModel, Criticality: "Critical"}, Status: 200, Latency: ms(200), Endpoint: "127.0.0.1:8002", Replica: "replica-1"},
 	}
-	s := summarize(results, 2*time.Second, 1)
+	s := summarize(results, 2*time.Second, 3*time.Second, 1)
 	require.Equal(t, 5, s.Total)
 	require.Equal(t, 3, s.OK)
 	require.Equal(t, 1, s.Dropped)
@@ -176,7 +179,7 @@ func TestSummary(t *testing.T) {
 	var b strings.Builder
 	s.write(&b)
 	out := b.String()
-	for _, want := range []string{"5 requests", "3 ok, 1 dropped (429), 1 failed", "1 not sent",
+	for _, want := range []string{"5 requests sent over 2s (2.5 req/s), all answered after 3s", "3 ok, 1 dropped (429), 1 failed", "1 not sent",
 		"127.0.0.1:8001 (replica-0)", "sql-lora-0", "Adapter hit rate: 50.0% of 2", "503 service_unavailable", ":8001 100%"} {
 		require.Contains(t, out, want)
 	}

@@ -231,8 +231,9 @@ type driver struct {
 }
 
 // run sends every job at its time and waits for the answers; when ctx ends
-// it stops sending and cancels what is in flight after drain.
-func (d *driver) run(ctx context.Context, jobs []job, start time.Time, drain time.Duration) {
+// it stops sending and cancels what is in flight after drain. It returns
+// how long it was sending.
+func (d *driver) run(ctx context.Context, jobs []job, start time.Time, drain time.Duration) (sending time.Duration) {
 	reqCtx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	var wg sync.WaitGroup
@@ -263,19 +264,21 @@ send:
 			d.record(d.do(reqCtx, j))
 		}()
 	}
+	sending = time.Since(start)
 	done := make(chan struct{})
 	go func() { wg.Wait(); close(done) }()
 	t := time.NewTimer(drain)
 	defer t.Stop()
 	select {
 	case <-done:
-		return
+		return sending
 	case <-t.C:
 	case <-ctx.Done():
 		// Interrupted: give in-flight requests no more time.
 	}
 	cancel()
 	<-done
+	return sending
 }
 
 func (d *driver) record(r result) {

@@ -214,12 +214,12 @@ func run(args []string, out io.Writer) error {
 		len(jobs), o.duration, base, o.rate, len(mix), o.seed)
 	start := time.Now()
 	stopProgress := startProgress(out, o.progress, d, start, o.duration)
-	d.run(ctx, jobs, start, o.drain)
+	sending := d.run(ctx, jobs, start, o.drain)
 	elapsed := time.Since(start)
 	stopProgress()
 	stopScrape()
 
-	summarize(d.snapshot(), elapsed, int(d.skipped.Load())).write(out)
+	summarize(d.snapshot(), sending, elapsed, int(d.skipped.Load())).write(out)
 	if ctx.Err() != nil {
 		fmt.Fprintln(out, "\n(interrupted)")
 	}

@@ -13,7 +13,8 @@ import (
 
 // summary is what the demo prints at the end.
 type summary struct {
-	Elapsed  time.Duration
+	Sending  time.Duration // how long requests were being sent
+	Elapsed  time.Duration // until the last answer
 	Total    int
 	OK       int
 	Dropped  int // 429
@@ -38,8 +39,8 @@ type modelStats struct {
 	Misses      int
 }
 
-func summarize(results []result, elapsed time.Duration, skipped int) summary {
-	s := summary{Elapsed: elapsed, Total: len(results), Skipped: skipped, Errors: map[string]int{},
+func summarize(results []result, sending, elapsed time.Duration, skipped int) summary {
+	s := summary{Sending: sending, Elapsed: elapsed, Total: len(results), Skipped: skipped, Errors: map[string]int{},
 		Replicas: map[string]int{}, Models: map[string]*modelStats{}}
 	for _, r := range results {
 		m := s.Models[r.Model]
@@ -124,15 +125,15 @@ func round(d time.Duration) time.Duration {
 
 func (s summary) write(w io.Writer) {
 	rate := 0.0
-	if s.Elapsed > 0 {
-		rate = float64(s.Total) / s.Elapsed.Seconds()
+	if s.Sending > 0 {
+		rate = float64(s.Total) / s.Sending.Seconds()
 	}
 	failed := 0
 	for _, n := range s.Errors {
 		failed += n
 	}
-	fmt.Fprintf(w, "\nSummary: %d requests in %s (%.1f req/s): %d ok, %d dropped (429), %d failed",
-		s.Total, round(s.Elapsed), rate, s.OK, s.Dropped, failed)
+	fmt.Fprintf(w, "\nSummary: %d requests sent over %s (%.1f req/s), all answered after %s: %d ok, %d dropped (429), %d failed",
+		s.Total, round(s.Sending), rate, round(s.Elapsed), s.OK, s.Dropped, failed)
 	if s.Skipped > 0 {
 		fmt.Fprintf(w, ", %d not sent (client in-flight cap)", s.Skipped)
 	}

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"io"
+	"net"
 	"net/http"
 	"slices"
 	"sync"
@@ -41,8 +42,13 @@ func newScraper(interval time.Duration, keep time.Duration) *scraper {
 	}
 }
 
-// observe makes an endpoint known.
+// observe makes an endpoint known. The served-by header carries the name
+// the agent gave the endpoint, which is host:port for static targets (the
+// local stack) but may be a pod name elsewhere: only addresses are scraped.
 func (s *scraper) observe(endpoint string) {
+	if _, _, err := net.SplitHostPort(endpoint); err != nil {
+		return
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if _, ok := s.samples[endpoint]; !ok {

@@ -38,6 +38,7 @@ func main() {
 
 type options struct {
 	binDir, bootstrap, wasm, gateway, envoy, adapters, logDir, agentAddr string
+	clientAddr, pushAddr, adminAddr                                      string
 	replicas, maxLoRAs, replicaPort                                      int
 	timeScale                                                            float64
 	interval, readyTimeout                                               time.Duration
@@ -58,6 +59,9 @@ func parseFlags(args []string) (options, error) {
 	fs.Float64Var(&o.timeScale, "time-scale", 1, "simulated seconds per wall second (1: real vLLM speed)")
 	fs.DurationVar(&o.interval, "interval", 50*time.Millisecond, "agent scrape and push interval")
 	fs.StringVar(&o.agentAddr, "agent-listen", stack.LocalAgentAddr, "agent /metrics, /healthz and /readyz address (port 0: a free port)")
+	fs.StringVar(&o.clientAddr, "client-addr", "", "client listener address (default: the bootstrap's, 0.0.0.0:10000; port 0: a free port)")
+	fs.StringVar(&o.pushAddr, "push-addr", "", "push listener address (default: the bootstrap's, 127.0.0.1:9002; port 0: a free port)")
+	fs.StringVar(&o.adminAddr, "admin-addr", "", "Envoy admin address (default: the bootstrap's, 127.0.0.1:9901; port 0: a free port)")
 	fs.StringVar(&o.logDir, "log-dir", "", "where the processes' logs and the rendered bootstrap go (default: a new directory under $TMPDIR, kept)")
 	fs.DurationVar(&o.readyTimeout, "ready-timeout", 90*time.Second, "how long to wait for the stack to route a request")
 	fs.Usage = func() {
@@ -117,6 +121,7 @@ func config(o options) (stack.Config, error) {
 	cfg.AgentInterval = o.interval
 	cfg.AgentAddr = o.agentAddr
 	cfg.ReadyTimeout = o.readyTimeout
+	cfg.ClientAddr, cfg.PushAddr, cfg.AdminAddr = o.clientAddr, o.pushAddr, o.adminAddr
 	if o.logDir == "" {
 		dir, err := os.MkdirTemp("", "wasm-epp-run-")
 		if err != nil {

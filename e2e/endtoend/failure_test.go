@@ -1,0 +1,101 @@
+package endtoend
+
+import (
+	"encoding/json"
+	"net/http"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/wasm-epp/wasm-epp/e2e/stack"
+)
+
+// TestReplicaKilled: a replica killed mid-run stops receiving traffic within
+// a few scrape intervals plus the staleness window, and nothing is routed to
+// it afterwards.
+func TestReplicaKilled(t *testing.T) {
+	s := startStack(t, stack.Config{Replicas: 3, TimeScale: 4})
+	victim := s.Replicas()[0]
+	// Every replica takes traffic first, the victim included.
+	seen := map[string]bool{}
+	poll(t, func() bool {
+		r := complete(t, s, stackModel, 1)
+		require.Equal(t, http.StatusOK, r.Status, r.String())
+		seen[r.served(s)] = true
+		return len(seen) == 3
+	}, "seen %v", seen)
+
+	// Traffic runs before, during and after the kill.
+	killed := time.Now()
+	s.KillReplica(0)
+	const clean = 30 // consecutive good requests that mean "stopped"
+	streak, lost := 0, 0
+	var streakStart time.Time
+	poll(t, func() bool {
+		r, err := trySend(t.Context(), http.MethodPost, s.ClientURL()+"/v1/completions", completion(stackModel, 1), nil)
+		if err != nil || r.Status != http.StatusOK || r.served(s) == victim.Addr {
+			streak = 0
+			lost++
+			return false
+		}
+		if streak == 0 {
+			streakStart = time.Now()
+		}
+		streak++
+		return streak >= clean
+	})
+	bound := 3*testInterval + testStaleAfter
+	t.Logf("traffic to the killed replica stopped %s after the kill, %d requests failed meanwhile (3 scrape intervals + staleness = %s)",
+		streakStart.Sub(killed).Round(time.Millisecond), lost, bound)
+
+	for i := range 60 {
+		r := complete(t, s, stackModel, 1)
+		require.Equal(t, http.StatusOK, r.Status, "request %d after the kill: %s", i, r)
+		require.NotEqual(t, victim.Addr, r.served(s), "request %d routed to the killed replica", i)
+	}
+}
+
+// TestAgentStopped: with the agent gone, metrics go stale and each
+// listener's policy applies — fail-open (the default) keeps routing to the
+// last-known endpoints and counts it, reject answers 503 — and routing
+// recovers when the agent returns.
+func TestAgentStopped(t *testing.T) {
+	s := startStack(t, stack.Config{
+		Replicas:     2,
+		ExtraRouters: []stack.RouterListener{{Name: "strict", Addr: "127.0.0.1:0", Patch: map[string]any{"whenNoFreshEndpoint": "reject"}}},
+	})
+	strictURL := s.ListenerURL("strict") + "/v1/completions"
+	strict := func() reply { return send(t, http.MethodPost, strictURL, completion(stackModel, 1), nil) }
+	r := strict()
+	require.Equal(t, http.StatusOK, r.Status, r.String())
+	failOpen := pluginStat("requests.fail_open")
+	require.Zero(t, stat(t, s, failOpen))
+
+	s.StopAgent()
+	// Stale: the strict listener refuses with the plugin's JSON error...
+	poll(t, func() bool { r = strict(); return r.Status == http.StatusServiceUnavailable })
+	var e errorBody
+	require.NoError(t, json.Unmarshal(r.Body, &e), r.String())
+	assert.Equal(t, "service_unavailable", e.Error.Type)
+	assert.Equal(t, "no_endpoint", e.Error.Code)
+	// ...and the default listener fails open to a last-known replica.
+	replicas := replicaAddrs(s)
+	for range 10 {
+		r := complete(t, s, stackModel, 1)
+		require.Equal(t, http.StatusOK, r.Status, r.String())
+		require.Contains(t, replicas, r.served(s))
+	}
+	require.GreaterOrEqual(t, stat(t, s, failOpen), uint64(10), "fail-open decisions are counted")
+
+	require.NoError(t, s.StartAgent(t.Context()))
+	poll(t, func() bool { return strict().Status == http.StatusOK },
+		"routing did not recover after the agent returned")
+	before := stat(t, s, failOpen)
+	for range 10 {
+		r := complete(t, s, stackModel, 1)
+		require.Equal(t, http.StatusOK, r.Status, r.String())
+	}
+	require.Equal(t, before, stat(t, s, failOpen), "fresh metrics again: no more fail-open decisions")
+}
