@@ -2,6 +2,7 @@ package fleet
 
 import (
 	"fmt"
+	"math"
 	"strconv"
 	"strings"
 
@@ -114,10 +115,15 @@ type CriticalityMix struct {
 // InferenceModels were Critical too.
 var AllCritical = CriticalityMix{Critical: 1}
 
-// Validate checks that weights are non-negative and not all zero.
+// Validate checks that weights are finite, non-negative and not all zero.
 func (m CriticalityMix) Validate() error {
-	if m.Critical < 0 || m.Standard < 0 || m.Sheddable < 0 || m.Critical+m.Standard+m.Sheddable <= 0 {
-		return fmt.Errorf("fleet: criticality mix %s needs non-negative weights, not all zero", m)
+	for _, w := range []float64{m.Critical, m.Standard, m.Sheddable} {
+		if !(w >= 0) || math.IsInf(w, 1) {
+			return fmt.Errorf("fleet: criticality mix %s needs finite non-negative weights", m)
+		}
+	}
+	if !(m.Critical+m.Standard+m.Sheddable > 0) || math.IsInf(m.Critical+m.Standard+m.Sheddable, 1) {
+		return fmt.Errorf("fleet: criticality mix %s needs a positive, finite total weight", m)
 	}
 	return nil
 }
