@@ -8,7 +8,7 @@ MODULE := github.com/wasm-epp/wasm-epp
 # Native commands built into bin/ (directory under the repo -> binary name).
 CMDS := $(wildcard e2e/cmd/* metricsagent/cmd/*)
 
-.PHONY: help build wasm cmds test check bench fuzz clean
+.PHONY: help build wasm testplugin cmds run demo test check bench bench-routing fuzz images clean
 
 help: ## List targets.
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-16s %s\n", $$1, $$2}'
@@ -21,9 +21,19 @@ wasm: ## Build bin/wasm-epp.wasm (Go wasip1, c-shared).
 	  GOOS=wasip1 GOARCH=wasm $(GO) build -buildmode=c-shared -trimpath -o $(WASM) ./plugin && echo "built $(WASM)"; \
 	else echo "plugin/ not written yet: no wasm to build"; fi
 
+testplugin: ## Build bin/testplugin.wasm (the binding's test plugin).
+	@mkdir -p $(BIN)
+	GOOS=wasip1 GOARCH=wasm $(GO) build -buildmode=c-shared -trimpath -o $(BIN)/testplugin.wasm ./plugin/internal/testplugin
+
 cmds: ## Build the native commands (agent, test host, simulator, benchmarks).
 	@mkdir -p $(BIN)
 	@for d in $(CMDS); do $(GO) build -trimpath -o $(BIN)/$$(basename $$d) ./$$d || exit 1; echo "built bin/$$(basename $$d)"; done
+
+run: build ## Start 4 simulated vLLM replicas, the agent and the gateway; Ctrl-C stops all.
+	$(BIN)/wasm-epp-run
+
+demo: build ## Drive a short mixed load through a local stack and print a summary.
+	$(BIN)/wasm-epp-demo
 
 test: build ## Run every test (unit, fuzz corpora, the real .wasm in the test host, end to end).
 	WASM_EPP_WASM=$(WASM) WASM_EPP_BIN=$(BIN) $(GO) test -count=1 -timeout 14m ./...
@@ -36,10 +46,19 @@ check: ## gofmt, go vet, go mod tidy drift, import boundaries.
 	 if ! git diff --quiet -- go.mod go.sum; then echo "go.mod/go.sum not tidy: run go mod tidy"; git --no-pager diff --stat -- go.mod go.sum; \
 	   cp /tmp/wasm-epp-go.mod.bak go.mod; cp /tmp/wasm-epp-go.sum.bak go.sum; exit 1; fi
 	@./build/check-imports.sh
+	@$(MAKE) --no-print-directory wasm testplugin >/dev/null
+	$(GO) run ./e2e/cmd/wasmimports $(WASM) $(BIN)/testplugin.wasm
 	@echo "check: ok"
 
 bench: ## Micro-benchmarks (scheduler, plugin in the host, agent). Results go in BENCHMARKS.md.
 	$(GO) test -run '^$$' -bench . -benchmem -count 1 ./scheduler/... ./plugin/... ./e2e/... ./metricsagent/...
+
+bench-routing: cmds ## Fleet simulation: every policy on the seed's and upstream's scenarios (about 7 min); writes e2e/results/.
+	$(BIN)/fleetbench -out e2e/results
+	$(BIN)/fleetbench -scenarios a -criticality critical=0.6,standard=0.2,sheddable=0.2 -out e2e/results/mixed-criticality
+
+images: ## Build container images (docker/podman/buildah), or print the commands.
+	@build/images.sh
 
 fuzz: ## Run each fuzz target for FUZZTIME (default 30s); corpora are kept in testdata/fuzz.
 	@grep -rl --include='*_test.go' '^func Fuzz' . | while read f; do \
