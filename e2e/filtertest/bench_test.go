@@ -123,10 +123,10 @@ func newSender(b *testing.B, s *stack, body []byte, headers ...string) func() {
 		if err != nil {
 			b.Fatal(err)
 		}
-		_, _ = io.Copy(io.Discard, resp.Body)
+		got, _ := io.ReadAll(resp.Body)
 		resp.Body.Close()
 		if resp.StatusCode != http.StatusOK {
-			b.Fatalf("status %d", resp.StatusCode)
+			b.Fatalf("status %d: %s", resp.StatusCode, got)
 		}
 	}
 }

@@ -61,15 +61,20 @@ func (e *env) close() {
 // newEnv starts the plugin with a configuration; it must start.
 func newEnv(t *testing.T, cfgJSON string, getenv ...func(string) string) *env {
 	t.Helper()
-	e, status := startEnv(t, cfgJSON, getenv...)
+	e, status := startEnvOpts(t, cfgJSON, Options{}, getenv...)
 	require.Equal(t, types.OnPluginStartStatusOK, status, "plugin start; error logs: %v", e.host.GetCriticalLogs())
 	return e
 }
 
 func startEnv(t *testing.T, cfgJSON string, getenv ...func(string) string) (*env, types.OnPluginStartStatus) {
+	return startEnvOpts(t, cfgJSON, Options{}, getenv...)
+}
+
+// startEnvOpts starts the plugin with opts (the fake clock is always set).
+func startEnvOpts(t *testing.T, cfgJSON string, opts Options, getenv ...func(string) string) (*env, types.OnPluginStartStatus) {
 	t.Helper()
 	clock := &fakeClock{now: t0}
-	opts := Options{Now: clock.Now}
+	opts.Now = clock.Now
 	if len(getenv) > 0 {
 		opts.Getenv = getenv[0]
 	}

@@ -230,7 +230,7 @@ func (c *httpContext) replyInternal(msg string) types.Action {
 // debugEnabled asks the host for its log level, so the decision log costs
 // nothing unless debug logging is on.
 func (r *router) debugEnabled() bool {
-	lvl, err := proxywasm.GetLogLevel()
+	lvl, err := r.logLevel()
 	return err == nil && lvl <= proxywasm.LogLevelDebug
 }
 

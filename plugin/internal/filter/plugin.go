@@ -21,11 +21,18 @@ type Options struct {
 	// Getenv reads VM environment variables (the receiver's push token);
 	// nil means os.Getenv (vm_config.environment_variables in Envoy).
 	Getenv func(string) string
+	// LogLevel asks the host for its log level (decides whether decisions
+	// are logged at debug); nil means proxywasm.GetLogLevel. Native tests
+	// and benchmarks set it: proxytest always reports trace.
+	LogLevel func() (proxywasm.LogLevel, error)
 }
 
 // NewVMContext returns the VM context to register with
 // proxywasm.SetVMContext.
 func NewVMContext(opts Options) types.VMContext {
+	if opts.LogLevel == nil {
+		opts.LogLevel = proxywasm.GetLogLevel
+	}
 	if opts.Getenv == nil {
 		opts.Getenv = os.Getenv
 	}

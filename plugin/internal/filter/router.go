@@ -48,6 +48,8 @@ type router struct {
 	// reqTime is "now" for the request being handled: staleness, snapshot
 	// age. The scheduler's clock returns it.
 	reqTime time.Time
+	// logLevel asks the host for its log level.
+	logLevel func() (proxywasm.LogLevel, error)
 
 	models map[string]*model
 	// mayRewrite: some model has a target other than itself, so a body
@@ -112,6 +114,7 @@ func newRouter(cfg *config.Config, opts Options) (*router, error) {
 		cfg:         cfg,
 		rnd:         rand.New(rand.NewPCG(seed1, seed2^0x5eed)),
 		now:         opts.Now,
+		logLevel:    opts.LogLevel,
 		models:      make(map[string]*model, len(cfg.Models)),
 		passthrough: model{crit: scheduler.Sheddable},
 		snapshotKey: cfg.SnapshotKey(),
