@@ -64,3 +64,47 @@ func FuzzParseRequest(f *testing.F) {
 		}
 	})
 }
+
+// FuzzScanJSON: the validator agrees with encoding/json.Valid on every
+// document not nested deeper than maxJSONDepth, and the members it reports
+// are the top-level object's, in order, each value a valid JSON value.
+func FuzzScanJSON(f *testing.F) {
+	for _, s := range []string{`{"a":[1,{"b":"c\"d"}],"e":-1.5e3}`, `[[]]`, `"\u00e9"`, `{"a":1}x`, `tru`} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, doc []byte) {
+		var members []member
+		ok, jerr := scanJSON(doc, func(m member) bool {
+			members = append(members, m)
+			return true
+		})
+		if jerr != nil && jerr.kind == jsonTooDeep {
+			return
+		}
+		if ok != json.Valid(doc) {
+			t.Fatalf("scanJSON says %v, encoding/json says %v for %q", ok, !ok, doc)
+		}
+		if !ok {
+			return
+		}
+		var top map[string]json.RawMessage
+		if json.Unmarshal(doc, &top) != nil {
+			if len(members) > 0 {
+				t.Fatalf("members reported for a non-object %q", doc)
+			}
+			return
+		}
+		for _, m := range members {
+			if !json.Valid(doc[m.start:m.end]) {
+				t.Fatalf("member value %q is not a JSON value", doc[m.start:m.end])
+			}
+			var key string
+			if json.Unmarshal(doc[m.keyStart-1:m.keyEnd+1], &key) != nil {
+				t.Fatalf("member key %q is not a JSON string", doc[m.keyStart-1:m.keyEnd+1])
+			}
+			if _, found := top[key]; !found {
+				t.Fatalf("member %q is not a top-level key of %q", key, doc)
+			}
+		}
+	})
+}
