@@ -28,7 +28,7 @@ func TestRunCommand(t *testing.T) {
 		"--bin", bin, "--wasm", wasm, "--config", filepath.Join(root, "envoy", "envoy.yaml"),
 		"--replicas", "2", "--replica-port", "0", "--agent-listen", "127.0.0.1:0",
 		"--client-addr", "127.0.0.1:0", "--push-addr", "127.0.0.1:0", "--admin-addr", "127.0.0.1:0",
-		"--log-dir", t.TempDir())
+		"--log-dir", t.TempDir(), "--compilation-cache", cacheDir)
 	if g := gatewayEnv(); g != "" {
 		cmd.Args = append(cmd.Args, "--gateway", g)
 	}
@@ -86,7 +86,7 @@ func TestRunCommand(t *testing.T) {
 	require.NotEmpty(t, r.Header.Get("x-wasm-epp-endpoint"))
 
 	var pids []int
-	for _, p := range regexp.MustCompile(`\(pid (\d+)\)`).FindAllStringSubmatch(text, -1) {
+	for _, p := range regexp.MustCompile(`\bpid (\d+)\)`).FindAllStringSubmatch(text, -1) {
 		n, err := strconv.Atoi(p[1])
 		require.NoError(t, err)
 		pids = append(pids, n)

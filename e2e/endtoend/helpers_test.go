@@ -55,6 +55,7 @@ func startStack(t *testing.T, cfg stack.Config) *stack.Stack {
 	}
 	cfg.RouterPatch = patch
 	cfg.StopGrace = 3 * time.Second
+	cfg.CompilationCache = cacheDir
 	cfg.Logf = t.Logf
 
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)

@@ -35,10 +35,19 @@ var (
 	wasmPath  string
 	buildErr  error
 	buildTmp  string
+	// cacheDir is wazero's compilation cache shared by every envoyhost
+	// the tests start: the plugin is compiled once per test binary.
+	cacheDir string
 )
 
 func TestMain(m *testing.M) {
+	var err error
+	if cacheDir, err = os.MkdirTemp("", "wasm-epp-wazero-"); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
 	code := m.Run()
+	os.RemoveAll(cacheDir)
 	if buildTmp != "" {
 		os.RemoveAll(buildTmp)
 	}

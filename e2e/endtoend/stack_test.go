@@ -200,8 +200,8 @@ func push(t *testing.T, s *stack.Stack, payload []byte, auth string) reply {
 	require.NoError(t, err)
 	req.Header.Set("Content-Type", "application/octet-stream")
 	// A fresh connection per push: the receiver may answer before it has
-	// read the body, and the gateway then closes the connection (Envoy
-	// does; see the report about envoyhost not saying "Connection: close").
+	// read the body, and the gateway then closes the connection, as Envoy
+	// does.
 	req.Close = true
 	if auth != "" {
 		req.Header.Set("Authorization", auth)

@@ -38,7 +38,7 @@ func main() {
 
 type options struct {
 	binDir, bootstrap, wasm, gateway, envoy, adapters, logDir, agentAddr string
-	clientAddr, pushAddr, adminAddr                                      string
+	clientAddr, pushAddr, adminAddr, compilationCache                    string
 	replicas, maxLoRAs, replicaPort                                      int
 	timeScale                                                            float64
 	interval, readyTimeout                                               time.Duration
@@ -62,6 +62,7 @@ func parseFlags(args []string) (options, error) {
 	fs.StringVar(&o.clientAddr, "client-addr", "", "client listener address (default: the bootstrap's, 0.0.0.0:10000; port 0: a free port)")
 	fs.StringVar(&o.pushAddr, "push-addr", "", "push listener address (default: the bootstrap's, 127.0.0.1:9002; port 0: a free port)")
 	fs.StringVar(&o.adminAddr, "admin-addr", "", "Envoy admin address (default: the bootstrap's, 127.0.0.1:9901; port 0: a free port)")
+	fs.StringVar(&o.compilationCache, "compilation-cache", defaultCacheDir(), "envoyhost: directory caching the compiled plugin between runs (empty: compile every time)")
 	fs.StringVar(&o.logDir, "log-dir", "", "where the processes' logs and the rendered bootstrap go (default: a new directory under $TMPDIR, kept)")
 	fs.DurationVar(&o.readyTimeout, "ready-timeout", 90*time.Second, "how long to wait for the stack to route a request")
 	fs.Usage = func() {
@@ -122,6 +123,7 @@ func config(o options) (stack.Config, error) {
 	cfg.AgentAddr = o.agentAddr
 	cfg.ReadyTimeout = o.readyTimeout
 	cfg.ClientAddr, cfg.PushAddr, cfg.AdminAddr = o.clientAddr, o.pushAddr, o.adminAddr
+	cfg.CompilationCache = o.compilationCache
 	if o.logDir == "" {
 		dir, err := os.MkdirTemp("", "wasm-epp-run-")
 		if err != nil {
@@ -131,6 +133,16 @@ func config(o options) (stack.Config, error) {
 	}
 	cfg.WorkDir = o.logDir
 	return cfg, nil
+}
+
+// defaultCacheDir is wasm-epp's directory in the user's cache directory
+// ("" when there is none).
+func defaultCacheDir() string {
+	dir, err := os.UserCacheDir()
+	if err != nil {
+		return ""
+	}
+	return filepath.Join(dir, "wasm-epp", "wazero")
 }
 
 func run(args []string, out io.Writer) error {
