@@ -185,8 +185,8 @@ func openStream(t *testing.T, s *stack.Stack, model string, maxTokens int) *http
 	return resp
 }
 
-// replicaAdapters scrapes a replica directly: the adapters it runs or
-// queues right now.
+// replicaState scrapes a replica's /metrics directly (not through the
+// agent): its queue and the adapters it runs or queues right now.
 func replicaState(t *testing.T, addr string) metricsagent.PodMetrics {
 	t.Helper()
 	r := send(t, http.MethodGet, "http://"+addr+"/metrics", nil, nil)
@@ -196,6 +196,7 @@ func replicaState(t *testing.T, addr string) metricsagent.PodMetrics {
 	return m
 }
 
+// runningAdapter reports whether the replica runs a request for adapter.
 func runningAdapter(t *testing.T, addr, adapter string) bool {
 	m := replicaState(t, addr)
 	for _, a := range m.ActiveAdapters {

@@ -4,7 +4,6 @@ import (
 	"bufio"
 	"bytes"
 	"encoding/json"
-	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -379,5 +378,4 @@ func testDemoCommand(t *testing.T, s *stack.Stack) {
 		}
 	}
 	t.Logf("demo output:\n%s", text)
-	_ = fmt.Sprint
 }

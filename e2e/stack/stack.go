@@ -148,7 +148,8 @@ type Stack struct {
 // Start launches the replicas, the gateway and the agent, and returns when
 // a request through the gateway is routed to a replica (or, with NoAgent,
 // when every listener accepts connections). On error everything already
-// started is stopped.
+// started is stopped and the Stack is nil; the logs stay in Config.WorkDir
+// when the caller chose it.
 func Start(ctx context.Context, cfg Config) (s *Stack, err error) {
 	if err := cfg.defaults(); err != nil {
 		return nil, err
@@ -165,6 +166,7 @@ func Start(ctx context.Context, cfg Config) (s *Stack, err error) {
 	defer func() {
 		if err != nil {
 			s.Stop()
+			s = nil
 		}
 	}()
 	ctx, cancel := context.WithTimeout(ctx, s.cfg.ReadyTimeout)

@@ -2,7 +2,6 @@ package main
 
 import (
 	"math"
-	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
@@ -202,5 +201,4 @@ func TestParseFlags(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, 5*time.Second, o.duration)
 	require.Equal(t, "http://localhost:10000", o.url)
-	_ = http.StatusOK
 }
