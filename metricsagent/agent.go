@@ -3,7 +3,7 @@ package metricsagent
 import (
 	"context"
 	"log/slog"
-	"sync"
+	"slices"
 	"sync/atomic"
 	"time"
 
@@ -23,10 +23,20 @@ type Agent struct {
 	metrics  *Metrics
 	limits   wire.Limits
 
-	seq    uint64
-	pods   map[string]*podState // by Target.Key
-	ready  atomic.Bool
-	cycles atomic.Uint64
+	seq     uint64
+	pods    map[string]*podState     // by Target.Key
+	workers map[string]*scrapeWorker // by Target.Key
+	ready   atomic.Bool
+	cycles  atomic.Uint64
+}
+
+// scrapeWorker is a long-lived goroutine scraping one pod when kicked. A
+// goroutine per pod per cycle would be created 2000 times a second at 100
+// pods and regrow its stack for the HTTP client every time.
+type scrapeWorker struct {
+	kick   chan context.Context // the cycle's context
+	done   chan scrapeResult
+	cancel context.CancelFunc
 }
 
 // podState is what the agent remembers of one pod between cycles.
@@ -35,7 +45,12 @@ type podState struct {
 	last     PodMetrics // last good values, kept through failures
 	lastGood time.Time  // zero until a scrape succeeds
 	status   wire.ScrapeStatus
+	lastWarn time.Time // last "scrape failing" warning: a flapping pod warns once a minute
 }
+
+// warnEvery bounds the "scrape failing" warnings of one pod; every other
+// failure is logged at debug level and counted in the metrics.
+const warnEvery = time.Minute
 
 // Options configure an Agent. Every field is required except Now (default
 // time.Now) and Limits (zero means wire defaults).
@@ -66,9 +81,40 @@ func NewAgent(o Options) *Agent {
 		// to push more than once per nanosecond to get ahead), so the
 		// receiver, which refuses a sequence not above the last accepted,
 		// takes the new process at once without any state kept on disk.
-		seq:  uint64(o.Now().UnixNano()),
-		pods: map[string]*podState{},
+		seq:     uint64(o.Now().UnixNano()),
+		pods:    map[string]*podState{},
+		workers: map[string]*scrapeWorker{},
 	}
+}
+
+// Close stops the scrape workers. Run calls it on return; callers of Cycle
+// call it when done.
+func (a *Agent) Close() {
+	for key, w := range a.workers {
+		w.cancel()
+		delete(a.workers, key)
+	}
+}
+
+func (a *Agent) startWorker(t Target) *scrapeWorker {
+	ctx, cancel := context.WithCancel(context.Background())
+	w := &scrapeWorker{kick: make(chan context.Context, 1), done: make(chan scrapeResult, 1), cancel: cancel}
+	id := t.ID()
+	hist := a.metrics.ScrapeDuration.WithLabelValues(id)
+	go func() {
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case cycleCtx := <-w.kick:
+				began := time.Now()
+				m, err := a.scraper.Scrape(cycleCtx, t.URL)
+				hist.Observe(time.Since(began).Seconds())
+				w.done <- scrapeResult{m: m, err: err, at: a.now()}
+			}
+		}
+	}()
+	return w
 }
 
 // Ready reports whether a first cycle has completed (for /readyz).
@@ -79,6 +125,7 @@ func (a *Agent) Ready() bool { return a.ready.Load() }
 func (a *Agent) Run(ctx context.Context) {
 	t := time.NewTicker(a.interval)
 	defer t.Stop()
+	defer a.Close()
 	for {
 		a.Cycle(ctx)
 		select {
@@ -101,25 +148,39 @@ type scrapeResult struct {
 func (a *Agent) Cycle(ctx context.Context) []byte {
 	start := time.Now()
 	targets := a.disc.Targets()
-	results := make([]scrapeResult, len(targets))
-	var wg sync.WaitGroup
+	seen := make(map[string]bool, len(targets))
+	targets = slices.DeleteFunc(slices.Clone(targets), func(t Target) bool { // one scrape per target and cycle
+		dup := seen[t.Key()]
+		seen[t.Key()] = true
+		return dup
+	})
+	kicked := make([]*scrapeWorker, len(targets))
 	for i, t := range targets {
-		wg.Go(func() {
-			began := time.Now()
-			m, err := a.scraper.Scrape(ctx, t.URL)
-			a.metrics.ScrapeDuration.WithLabelValues(t.ID()).Observe(time.Since(began).Seconds())
-			results[i] = scrapeResult{m: m, err: err, at: a.now()}
-		})
+		key := t.Key()
+		w, ok := a.workers[key]
+		if !ok {
+			w = a.startWorker(t)
+			a.workers[key] = w
+		}
+		w.kick <- ctx
+		kicked[i] = w
 	}
-	wg.Wait()
+	results := make([]scrapeResult, len(targets))
+	for i, w := range kicked { // each scrape ends by its timeout at the latest
+		results[i] = <-w.done
+	}
 	if ctx.Err() != nil {
 		return nil // shutting down: these failures are ours, not the pods'
 	}
 
-	seen := make(map[string]bool, len(targets))
 	for i, t := range targets {
-		seen[t.Key()] = true
 		a.record(t, results[i])
+	}
+	for key, w := range a.workers {
+		if !seen[key] {
+			w.cancel()
+			delete(a.workers, key)
+		}
 	}
 	for key, st := range a.pods {
 		if !seen[key] {
@@ -181,7 +242,8 @@ func (a *Agent) record(t Target, r scrapeResult) {
 	if r.err != nil {
 		st.status = StatusOf(r.err)
 		a.metrics.ScrapeErrors.WithLabelValues(t.ID(), st.status.String()).Inc()
-		if prev == wire.ScrapeOK {
+		if now := a.now(); prev == wire.ScrapeOK && now.Sub(st.lastWarn) >= warnEvery {
+			st.lastWarn = now
 			a.log.Warn("scrape failing", "pod", t.ID(), "url", t.URL, "reason", st.status.String(), "err", r.err)
 		} else {
 			a.log.Debug("scrape failed", "pod", t.ID(), "reason", st.status.String(), "err", r.err)
@@ -190,7 +252,7 @@ func (a *Agent) record(t Target, r scrapeResult) {
 	}
 	st.last, st.lastGood, st.status = r.m, r.at, wire.ScrapeOK
 	if prev != wire.ScrapeOK {
-		a.log.Info("scrape recovered", "pod", t.ID())
+		a.log.Debug("scrape recovered", "pod", t.ID())
 	}
 }
 

@@ -153,6 +153,7 @@ func newTestAgent(t *testing.T, targets []Target, envoys []string, token string,
 		Scraper: &Scraper{Client: NewScrapeClient(), Timeout: scrapeTimeout, MaxBodyBytes: 64 << 10, Names: DefaultMetricNames()},
 		Envoys:  StaticEnvoys(envoys), Pusher: pusher, Now: clock.Now, Log: quietLog, Metrics: m,
 	})
+	t.Cleanup(a.Close)
 	return &testAgent{Agent: a, clock: clock, metrics: m, pusher: pusher}
 }
 

@@ -51,6 +51,7 @@ func TestResourceUsage(t *testing.T) {
 		srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			scrapes.Add(1)
 			w.Header().Set("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
+			w.Header().Set("Content-Length", strconv.Itoa(len(body))) // as vLLM's server sends it
 			_, _ = w.Write(body)
 		}))
 		t.Cleanup(srv.Close)
