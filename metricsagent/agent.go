@@ -99,7 +99,7 @@ func (a *Agent) Close() {
 func (a *Agent) startWorker(t Target) *scrapeWorker {
 	ctx, cancel := context.WithCancel(context.Background())
 	w := &scrapeWorker{kick: make(chan context.Context, 1), done: make(chan scrapeResult, 1), cancel: cancel}
-	id := t.ID()
+	id, u := t.ID(), a.scraper.URL(t.URL)
 	hist := a.metrics.ScrapeDuration.WithLabelValues(id)
 	go func() {
 		for {
@@ -108,7 +108,7 @@ func (a *Agent) startWorker(t Target) *scrapeWorker {
 				return
 			case cycleCtx := <-w.kick:
 				began := time.Now()
-				m, err := a.scraper.Scrape(cycleCtx, t.URL)
+				m, err := a.scraper.Scrape(cycleCtx, u)
 				hist.Observe(time.Since(began).Seconds())
 				w.done <- scrapeResult{m: m, err: err, at: a.now()}
 			}

@@ -150,7 +150,7 @@ func newTestAgent(t *testing.T, targets []Target, envoys []string, token string,
 	t.Cleanup(pusher.Close)
 	a := NewAgent(Options{
 		AgentID: "node-1", Interval: 50 * time.Millisecond, Discoverer: fixedTargets(targets),
-		Scraper: &Scraper{Client: NewScrapeClient(), Timeout: scrapeTimeout, MaxBodyBytes: 64 << 10, Names: DefaultMetricNames()},
+		Scraper: &Scraper{Client: NewScrapeClient(), Timeout: scrapeTimeout, MaxBodyBytes: 64 << 10, Names: DefaultMetricNames(), AskForNames: true},
 		Envoys:  StaticEnvoys(envoys), Pusher: pusher, Now: clock.Now, Log: quietLog, Metrics: m,
 	})
 	t.Cleanup(a.Close)
@@ -414,3 +414,63 @@ func TestTokenSource(t *testing.T) {
 }
 
 func writeFile(path, content string) error { return os.WriteFile(path, []byte(content), 0o600) }
+
+// restrictedPage serves page as prometheus_client does: only the families
+// named by name[] query parameters when there are any.
+func restrictedPage(page []byte, queries chan<- url.Values) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		q := r.URL.Query()
+		if queries != nil {
+			queries <- q
+		}
+		body := page
+		if names := q["name[]"]; len(names) > 0 {
+			body = restrict(page, names)
+		}
+		w.Header().Set("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
+		_, _ = w.Write(body)
+	}
+}
+
+// restrict keeps the HELP, TYPE and sample lines of the named families.
+func restrict(page []byte, names []string) []byte {
+	var out []byte
+	for _, line := range strings.SplitAfter(string(page), "\n") {
+		rest := line
+		if r, ok := strings.CutPrefix(line, "# HELP "); ok {
+			rest = r
+		} else if r, ok := strings.CutPrefix(line, "# TYPE "); ok {
+			rest = r
+		}
+		name, _, _ := strings.Cut(rest, " ")
+		name, _, _ = strings.Cut(name, "{")
+		for _, n := range names {
+			if name == n {
+				out = append(out, line...)
+				break
+			}
+		}
+	}
+	return out
+}
+
+func TestScrapeAsksForTheFamiliesItReads(t *testing.T) {
+	queries := make(chan url.Values, 1)
+	pod := newPodServer(t, restrictedPage(golden(t, "vllm-v1.txt"), queries))
+	envoy := newSink(t, "tok")
+	a := newTestAgent(t, []Target{pod.target("llm", "a")}, []string{envoy.addr()}, "tok", 5*time.Second)
+	a.Cycle(context.Background())
+	p := envoy.next(t)
+	assert.Equal(t, []string{"vllm:num_requests_waiting", "vllm:num_requests_running", "vllm:lora_requests_info",
+		"vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"}, (<-queries)["name[]"])
+	require.Len(t, p.Endpoints, 1)
+	assert.Equal(t, PodMetrics{Waiting: 7, Running: 31, KVCacheUsage: 0.8125, MaxAdapters: 2,
+		ActiveAdapters: []string{"fin-lora", "sql-lora"}, WaitingAdapters: []string{"sql-lora"}}, podMetricsOf(p.Endpoints[0]))
+
+	s := &Scraper{Names: DefaultMetricNames()}
+	assert.Equal(t, "http://10.0.0.1:8000/metrics", s.URL("http://10.0.0.1:8000/metrics"), "off: the URL as given")
+	s.AskForNames = true
+	s.Names.LoRAInfo = ""
+	assert.Equal(t, "http://h/m?x=1&name%5B%5D=vllm%3Anum_requests_waiting&name%5B%5D=vllm%3Anum_requests_running&name%5B%5D=vllm%3Akv_cache_usage_perc&name%5B%5D=vllm%3Agpu_cache_usage_perc",
+		s.URL("http://h/m?x=1"))
+}

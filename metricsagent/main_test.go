@@ -34,6 +34,7 @@ func TestParseConfigDefaults(t *testing.T) {
 	assert.Equal(t, "tok", cfg.PushToken)
 	assert.Equal(t, slog.LevelInfo, cfg.LogLevel)
 	assert.Equal(t, "8000", cfg.MetricsPort)
+	assert.True(t, cfg.AskForNames)
 }
 
 func TestParseConfigEnvironment(t *testing.T) {
