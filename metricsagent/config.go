@@ -8,6 +8,8 @@ import (
 	"log/slog"
 	"strings"
 	"time"
+
+	"github.com/wasm-epp/wasm-epp/scheduler/wire"
 )
 
 // EnvPrefix prefixes the environment variable of every flag:
@@ -81,7 +83,7 @@ func newFlagSet(cfg *Config, kvNames *string, logLevel *string) *flag.FlagSet {
 	fs.StringVar(&cfg.EnvoyTargets, "envoy-targets", "", "Envoy push listeners, host:port,...")
 	fs.StringVar(&cfg.EnvoyDNS, "envoy-dns", "", "name:port of a headless Service; every address behind it gets every push")
 	fs.DurationVar(&cfg.EnvoyDNSRefresh, "envoy-dns-refresh", time.Second, "least time between two lookups of --envoy-dns (0: every cycle)")
-	fs.StringVar(&cfg.PushPath, "push-path", "/wasm-epp/v1/push", "HTTP path of the plugin's receiver")
+	fs.StringVar(&cfg.PushPath, "push-path", wire.PushPath, "HTTP path of the plugin's receiver")
 	fs.DurationVar(&cfg.PushTimeout, "push-timeout", 200*time.Millisecond, "timeout of one push to one Envoy (others are not held up by it)")
 	fs.StringVar(&cfg.PushTokenFile, "push-token-file", "", "file holding the push bearer token (a mounted Secret); or set "+TokenEnv)
 	fs.StringVar(&cfg.Listen, "listen", ":9100", "address of /metrics, /healthz and /readyz")

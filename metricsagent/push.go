@@ -16,6 +16,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/wasm-epp/wasm-epp/scheduler/wire"
 )
 
 // EnvoyTargets lists the Envoy replicas ("ip:port") to push to this cycle.
@@ -296,7 +298,7 @@ func (p *Pusher) post(w *pushWorker, payload []byte) (reason string, err error) 
 		return "request", err
 	}
 	req.Header.Set("Authorization", "Bearer "+token)
-	req.Header.Set("Content-Type", "application/octet-stream")
+	req.Header.Set("Content-Type", wire.ContentType)
 	resp, err := p.Client.Do(req)
 	if err != nil {
 		if ctx.Err() != nil {

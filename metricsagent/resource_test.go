@@ -130,7 +130,13 @@ func TestResourceUsage(t *testing.T) {
 	stop()
 	require.Equal(t, 0, cmd.ProcessState.ExitCode(), "graceful exit on SIGTERM; agent said: %s", stderr.w)
 	if os.Getenv("WASM_EPP_RESOURCE_ARGS") == "" {
-		require.Less(t, cpuShare, 0.10, "CPU share of one core")
+		maxCPU := 0.10
+		if s := os.Getenv("WASM_EPP_RESOURCE_MAX_CPU"); s != "" { // e.g. 0.35 on a VM with slow syscalls
+			var err error
+			maxCPU, err = strconv.ParseFloat(s, 64)
+			require.NoError(t, err)
+		}
+		require.Less(t, cpuShare, maxCPU, "CPU share of one core")
 		require.Less(t, float64(rss)/1024, 50.0, "RSS MiB")
 	}
 }

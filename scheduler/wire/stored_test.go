@@ -288,3 +288,8 @@ func TestErrorMessage(t *testing.T) {
 	msg := err.Error()
 	assert.True(t, strings.HasPrefix(msg, `wire: push.endpoints[1].kv_cache_usage: 1.5 outside 0..1 (invalid field at byte `), msg)
 }
+
+func TestNames(t *testing.T) {
+	assert.Equal(t, "wasm-epp.snapshot.v1", SnapshotKey(DefaultKeyPrefix))
+	assert.Equal(t, "/wasm-epp/v1/push", PushPath)
+}
