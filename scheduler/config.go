@@ -28,7 +28,8 @@ import (
 //	    "lb":    {"filters": ["shed-filter"],
 //	              "scorers": [{"scorer": "queue-scorer", "weight": 2}, {"scorer": "kv-cache-scorer", "weight": 1}],
 //	              "picker": "max-score-picker"}
-//	  }
+//	  },
+//	  "countRoutedSinceSnapshot": true             // see Scheduler.Observe; default DefaultCountRoutedSinceSnapshot
 //	}
 //
 // A profile references plugins by name: a plugin declared in "plugins", or
@@ -43,6 +44,23 @@ type Config struct {
 	ByCriticality ProfileSelection       `json:"byCriticality,omitzero"`
 	Plugins       []PluginSpec           `json:"plugins,omitempty"`
 	Profiles      map[string]ProfileSpec `json:"profiles,omitempty"`
+	// CountRoutedSinceSnapshot turns on Scheduler.Observe: requests routed
+	// since the snapshot's metrics were taken count as waiting at their
+	// endpoint. Nil means DefaultCountRoutedSinceSnapshot.
+	CountRoutedSinceSnapshot *bool `json:"countRoutedSinceSnapshot,omitempty"`
+}
+
+// DefaultCountRoutedSinceSnapshot is CountRoutedSinceSnapshot when the
+// configuration leaves it out.
+const DefaultCountRoutedSinceSnapshot = false
+
+// CountsRoutedSinceSnapshot is CountRoutedSinceSnapshot with its default
+// applied.
+func (cfg *Config) CountsRoutedSinceSnapshot() bool {
+	if cfg.CountRoutedSinceSnapshot == nil {
+		return DefaultCountRoutedSinceSnapshot
+	}
+	return *cfg.CountRoutedSinceSnapshot
 }
 
 // ProfileSelection overrides Config.Profile per criticality; empty fields
@@ -261,6 +279,7 @@ func DecodeConfig(data []byte) (Config, error) {
 		ByCriticality json.RawMessage            `json:"byCriticality"`
 		Plugins       []json.RawMessage          `json:"plugins"`
 		Profiles      map[string]json.RawMessage `json:"profiles"`
+		CountRouted   *bool                      `json:"countRoutedSinceSnapshot"`
 	}
 	if err := decodeStrict(data, &top); err != nil {
 		return Config{}, err
@@ -268,7 +287,7 @@ func DecodeConfig(data []byte) (Config, error) {
 	if err := checkDuplicateKeys(data); err != nil {
 		return Config{}, err
 	}
-	cfg.Profile = top.Profile
+	cfg.Profile, cfg.CountRoutedSinceSnapshot = top.Profile, top.CountRouted
 	if !isAbsent(top.ByCriticality) {
 		if err := decodeStrict(top.ByCriticality, &cfg.ByCriticality); err != nil {
 			return Config{}, prefixErr("byCriticality", err)

@@ -2,8 +2,13 @@
 // request. It is plain Go with no Wasm or network dependency: the Proxy-Wasm
 // plugin, the fleet simulation and the tests all call the same code.
 //
-// A scheduling cycle works on one immutable Snapshot of endpoint metrics, so
-// every decision sees a consistent view and never touches shared state.
+// A scheduling cycle works on one Snapshot of endpoint metrics, which it
+// does not change, so every decision sees a consistent view and never
+// touches shared state. Between decisions, Scheduler.Observe can count the
+// requests routed since the snapshot was taken into the caller's own copy
+// (Config.CountRoutedSinceSnapshot), so a burst arriving between two
+// snapshots spreads instead of herding onto the endpoint that looked least
+// loaded.
 //
 // # Using it
 //
@@ -16,7 +21,7 @@
 //	})
 //	res := s.Schedule(&scheduler.Request{Model: m, TargetModel: t, Criticality: c}, snap)
 //	switch res.Outcome {
-//	case scheduler.Routed:     // res.Endpoint (a pointer into snap)
+//	case scheduler.Routed:     // res.Endpoint (a pointer into snap); then s.Observe(res)
 //	case scheduler.Dropped:    // 429
 //	case scheduler.NoEndpoint: // 503
 //	case scheduler.AllStale:   // fail-open policy: s.ScheduleFailOpen(req, snap), or 503

@@ -95,6 +95,7 @@ type Scheduler struct {
 	rand          *rand.Rand
 	now           func() time.Time
 	staleAfter    time.Duration
+	countRouted   bool
 	cycle         Cycle
 
 	candidates []*Endpoint
@@ -126,7 +127,7 @@ func New(cfg Config, reg *Registry, opts Options) (*Scheduler, error) {
 	if now == nil {
 		now = time.Now
 	}
-	s := &Scheduler{rand: rand.New(src), now: now, staleAfter: opts.StaleAfter}
+	s := &Scheduler{rand: rand.New(src), now: now, staleAfter: opts.StaleAfter, countRouted: cfg.CountsRoutedSinceSnapshot()}
 	s.cycle.Rand, s.cycle.clock = s.rand, now
 
 	b := &builder{reg: reg, declared: map[string]Plugin{}, byType: map[string]Plugin{}}
@@ -429,6 +430,37 @@ func growFloats(s []float64, n int) []float64 {
 	}
 	return s[:n]
 }
+
+// Observe records a decision the caller acted on, so that the next
+// decisions on the same snapshot take it into account. Call it after
+// routing a request as res said (Schedule, or ScheduleFailOpen).
+//
+// A snapshot is refreshed every few tens of milliseconds; requests arriving
+// in between all see the same numbers, and every one of them would go to
+// the endpoint that looked least loaded (burst herding). With
+// Config.CountRoutedSinceSnapshot on, Observe counts a Routed request as
+// waiting at its endpoint until fresh metrics replace the endpoint's
+// values: res.Endpoint.Metrics.WaitingQueueSize and RoutedSinceUpdate grow
+// by one. Every filter and scorer that reads the waiting queue (and
+// LeastLoaded) then sees it. This updates the snapshot res points into,
+// which must belong to this Scheduler (see Snapshot). Off, or when res is
+// not Routed, Observe does nothing, so decisions are exactly those without
+// it. It allocates nothing.
+//
+// A Scheduler only knows what it routed itself: with one Scheduler per
+// Proxy-Wasm VM (one per Envoy worker) each counts its own share.
+func (s *Scheduler) Observe(res Result) {
+	if !s.countRouted || res.Outcome != Routed || res.Endpoint == nil {
+		return
+	}
+	m := &res.Endpoint.Metrics
+	m.WaitingQueueSize++
+	m.RoutedSinceUpdate++
+}
+
+// CountsRoutedSinceSnapshot reports whether Observe counts routed requests
+// (Config.CountRoutedSinceSnapshot with its default applied).
+func (s *Scheduler) CountsRoutedSinceSnapshot() bool { return s.countRouted }
 
 // LeastLoaded picks for a request that carries no body to schedule on (GET
 // /v1/models): the fresh endpoint with the fewest waiting+running requests,

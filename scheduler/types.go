@@ -21,6 +21,7 @@ func (id EndpointID) String() string {
 // and waiting_lora_adapters): an adapter that is only waiting still has to be
 // loaded before it serves.
 type Metrics struct {
+	// WaitingQueueSize is the scraped waiting queue plus RoutedSinceUpdate.
 	WaitingQueueSize int
 	RunningQueueSize int
 	// KVCacheUsage is the fraction of KV-cache blocks in use, 0..1.
@@ -33,6 +34,11 @@ type Metrics struct {
 	MaxActiveModels int
 	// UpdateTime is when these values were scraped.
 	UpdateTime time.Time
+	// RoutedSinceUpdate counts the requests Scheduler.Observe recorded on
+	// this endpoint since these values were scraped (already included in
+	// WaitingQueueSize); always 0 unless Config.CountRoutedSinceSnapshot
+	// is on. Fresh metrics start it at 0 again.
+	RoutedSinceUpdate int
 }
 
 // HasActiveModel reports whether model is among the running adapters.
@@ -59,8 +65,17 @@ type Endpoint struct {
 	Metrics Metrics
 }
 
-// Snapshot is an immutable view of every known endpoint. Callers must not
-// modify a Snapshot (or its slices) once it is handed to the scheduler.
+// Snapshot is a view of every known endpoint.
+//
+// The scheduler never modifies a Snapshot except through Scheduler.Observe,
+// which (only when Config.CountRoutedSinceSnapshot is on) adds a routed
+// request to the chosen endpoint's WaitingQueueSize and RoutedSinceUpdate;
+// it never touches the slices. Callers must not modify a Snapshot while a
+// Scheduler call on it runs. Between calls the owner may overwrite an
+// endpoint's Metrics with fresh values (which drops what Observe added) or
+// hand over a new Snapshot. A Snapshot that Observe updates belongs to that
+// one Scheduler: callers sharing metrics between Schedulers give each its
+// own copy of Endpoints (slices such as ActiveModels may stay shared).
 type Snapshot struct {
 	Endpoints []Endpoint
 	// Time is when the snapshot was assembled.
