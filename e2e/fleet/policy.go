@@ -34,6 +34,10 @@ type PolicySpec struct {
 	// New builds the policy. seed makes it reproducible; clock returns the
 	// virtual time, for policies that check staleness.
 	New func(seed uint64, clock func() time.Time) (Policy, error)
+	// CountsRouted: a scheduler policy whose configuration counts requests
+	// routed since the last scrape (scheduler.Scheduler.Observe), for
+	// reports.
+	CountsRouted bool
 }
 
 // Policy names offered besides the scheduler's built-in profiles.
@@ -73,8 +77,28 @@ func DefaultPolicies() []PolicySpec {
 	return specs
 }
 
-// PolicyByName returns EnvoyLeastRequest or a built-in scheduler profile.
+// PolicyByName returns EnvoyLeastRequest or a built-in scheduler profile
+// with the scheduler's defaults.
 func PolicyByName(name string) (PolicySpec, error) {
+	return policyByName(name, PolicyOptions{})
+}
+
+// PolicyOptions adjust the scheduler policies ParsePolicyWith builds.
+type PolicyOptions struct {
+	// CountRoutedSinceSnapshot, when set, is the scheduler configuration's
+	// countRoutedSinceSnapshot for every scheduler policy whose
+	// configuration leaves it out (built-in profile names always do).
+	CountRoutedSinceSnapshot *bool
+}
+
+func (o PolicyOptions) apply(cfg scheduler.Config) scheduler.Config {
+	if cfg.CountRoutedSinceSnapshot == nil {
+		cfg.CountRoutedSinceSnapshot = o.CountRoutedSinceSnapshot
+	}
+	return cfg
+}
+
+func policyByName(name string, opts PolicyOptions) (PolicySpec, error) {
 	if name == EnvoyLeastRequest {
 		return PolicySpec{Name: name, New: func(seed uint64, _ func() time.Time) (Policy, error) {
 			return NewEnvoyLeastRequest(rand.NewPCG(seed, 0xe1e5), 2), nil
@@ -83,15 +107,20 @@ func PolicyByName(name string) (PolicySpec, error) {
 	if _, ok := scheduler.BuiltinProfiles()[name]; !ok {
 		return PolicySpec{}, fmt.Errorf("fleet: unknown policy %q (%s, a scheduler profile, or name=config.json)", name, EnvoyLeastRequest)
 	}
-	return SchedulerPolicySpec(name, scheduler.Config{Profile: name}), nil
+	return SchedulerPolicySpec(name, opts.apply(scheduler.Config{Profile: name})), nil
 }
 
 // ParsePolicy reads one command-line policy: a name (PolicyByName), or
 // name=path of a JSON scheduler configuration (scheduler.DecodeConfig).
 func ParsePolicy(arg string) (PolicySpec, error) {
+	return ParsePolicyWith(arg, PolicyOptions{})
+}
+
+// ParsePolicyWith is ParsePolicy with opts applied to scheduler policies.
+func ParsePolicyWith(arg string, opts PolicyOptions) (PolicySpec, error) {
 	name, path, isFile := strings.Cut(arg, "=")
 	if !isFile {
-		return PolicyByName(arg)
+		return policyByName(arg, opts)
 	}
 	raw, err := os.ReadFile(filepath.Clean(path))
 	if err != nil {
@@ -101,7 +130,7 @@ func ParsePolicy(arg string) (PolicySpec, error) {
 	if err != nil {
 		return PolicySpec{}, fmt.Errorf("fleet: policy %q: %s: %w", name, path, err)
 	}
-	spec := SchedulerPolicySpec(name, cfg)
+	spec := SchedulerPolicySpec(name, opts.apply(cfg))
 	// Build once now so a bad configuration fails before a sweep starts.
 	if _, err := spec.New(1, time.Now); err != nil {
 		return PolicySpec{}, fmt.Errorf("fleet: policy %q: %s: %w", name, path, err)
@@ -113,8 +142,11 @@ func ParsePolicy(arg string) (PolicySpec, error) {
 const DefaultStaleAfter = 2 * time.Second
 
 // SchedulerPolicySpec routes with the scheduler package configured by cfg.
+// Each policy instance calls Observe after every routed request, so with
+// countRoutedSinceSnapshot on it counts what it routed since the last
+// scrape in its own snapshot, as the plugin does per VM.
 func SchedulerPolicySpec(name string, cfg scheduler.Config) PolicySpec {
-	return PolicySpec{Name: name, New: func(seed uint64, clock func() time.Time) (Policy, error) {
+	return PolicySpec{Name: name, CountsRouted: cfg.CountsRoutedSinceSnapshot(), New: func(seed uint64, clock func() time.Time) (Policy, error) {
 		s, err := scheduler.New(cfg, scheduler.NewRegistry(), scheduler.Options{
 			Rand:       rand.NewPCG(seed, 0x5c4e),
 			Now:        clock,
@@ -143,6 +175,7 @@ func (p *schedulerPolicy) Route(req *scheduler.Request, v *View) (int, scheduler
 	if res.Outcome != scheduler.Routed {
 		return -1, res.Outcome
 	}
+	p.s.Observe(res)
 	eps := v.Snapshot.Endpoints
 	for i := range eps {
 		if &eps[i] == res.Endpoint {

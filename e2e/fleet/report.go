@@ -187,6 +187,27 @@ func fmtQ(x Quantiles) string {
 	return fmtDur(x.P50) + " / " + fmtDur(x.P90) + " / " + fmtDur(x.P99)
 }
 
+// gatewayNote says how the gateway was modelled: how many routing VMs, and
+// which scheduler policies count requests routed since the last scrape.
+func (rep *Report) gatewayNote() string {
+	var counting []string
+	for _, p := range rep.Config.Policies {
+		if p.CountsRouted {
+			counting = append(counting, p.Name)
+		}
+	}
+	var b strings.Builder
+	if vms := max(rep.Config.GatewayVMs, 1); vms > 1 {
+		fmt.Fprintf(&b, "The gateway runs %d routing VMs (Envoy workers), each with its own policy instance and copy of the scrape; arrivals are spread over them at random. ", vms)
+	}
+	if len(counting) == 0 {
+		b.WriteString("No scheduler policy counts the requests it routed since the last scrape (countRoutedSinceSnapshot off).\n\n")
+	} else {
+		fmt.Fprintf(&b, "Scheduler policies counting the requests they routed since the last scrape as waiting (countRoutedSinceSnapshot on): %s.\n\n", strings.Join(counting, ", "))
+	}
+	return b.String()
+}
+
 // WriteMarkdown writes the human-readable report.
 func (rep *Report) WriteMarkdown(w io.Writer) error {
 	var b strings.Builder
@@ -199,6 +220,7 @@ func (rep *Report) WriteMarkdown(w io.Writer) error {
 		"Latencies are over requests arriving in the window. Replica model: e2e/vllmsim (Llama-2-7B, H100, vLLM V1, max_num_seqs %d, %d tokens/step, KV %d tokens).\n\n",
 		c.Seed, c.Seed+uint64(max(c.Seeds, 1))-1, c.Warmup, c.Window, c.ScrapeInterval,
 		rep.Results[0].Scenario.Replica.MaxNumSeqs, rep.Results[0].Scenario.Replica.MaxNumBatchedTokens, rep.Results[0].Scenario.Replica.KVCapacityTokens)
+	b.WriteString(rep.gatewayNote())
 	fmt.Fprintf(&b, "**Check against reality.** One replica, base model, ShareGPT, overloaded at %.0f req/s: **%.1f req/s, %.0f output tok/s** "+
 		"(published: ≈26 req/s, ≈6.0k tok/s, Llama-2-7B on H100, GAIE sample.json): %.0f%% of the published request rate. "+
 		"Mean batch %.0f, KV usage %.2f: the model saturates on KV cache (%d preemptions in %v).\n\n",

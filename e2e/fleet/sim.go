@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"slices"
 	"time"
 
 	"github.com/wasm-epp/wasm-epp/e2e/vllmsim"
@@ -33,6 +34,13 @@ type RunConfig struct {
 	// MaxDrain bounds the simulated time after arrivals stop; a run whose
 	// requests are not all done by then fails (0: 10 × (Warmup+Window)).
 	MaxDrain time.Duration
+	// GatewayVMs is how many routing instances share the traffic, as Envoy's
+	// worker threads each run their own Proxy-Wasm VM (0 means 1). Each
+	// has its own policy instance and its own copy of every scrape, so a
+	// scheduler policy counting routed requests (countRoutedSinceSnapshot)
+	// knows only its share; each arrival goes to one of them uniformly at
+	// random. Envoy's least-request reads the shared live counts either way.
+	GatewayVMs int
 }
 
 // DefaultScrapeInterval is upstream EPP's metrics refresh period.
@@ -197,13 +205,21 @@ func runOnce(cfg RunConfig, into *samples) (Result, error) {
 		return Result{}, errors.New("fleet: ScrapeInterval must be positive")
 	case cfg.Policy.New == nil:
 		return Result{}, errors.New("fleet: RunConfig.Policy has no constructor")
+	case cfg.GatewayVMs < 0:
+		return Result{}, errors.New("fleet: GatewayVMs must not be negative")
 	}
 	var now time.Duration
 	clock := func() time.Time { return Epoch.Add(now) }
-	policy, err := cfg.Policy.New(cfg.Seed, clock)
-	if err != nil {
-		return Result{}, fmt.Errorf("fleet: policy %q: %w", cfg.Policy.Name, err)
+	vms := max(cfg.GatewayVMs, 1)
+	policies := make([]Policy, vms)
+	for k := range policies {
+		// VM 0 has the run's seed, so one VM is exactly the single-gateway run.
+		var err error
+		if policies[k], err = cfg.Policy.New(cfg.Seed^(uint64(k)*0x9e3779b97f4a7c15), clock); err != nil {
+			return Result{}, fmt.Errorf("fleet: policy %q: %w", cfg.Policy.Name, err)
+		}
 	}
+	vmRand := rand.New(rand.NewPCG(cfg.Seed, 0x6a7e))
 	gen, err := vllmsim.NewWorkload(vllmsim.WorkloadConfig{
 		Rate: cfg.Rate, Input: sc.Input, Output: sc.Output, Adapters: sc.Adapters, Seed: cfg.Seed,
 	})
@@ -224,7 +240,14 @@ func runOnce(cfg RunConfig, into *samples) (Result, error) {
 			Port:    8000,
 		}
 	}
-	view := &View{Snapshot: snap, InFlight: make([]int, sc.Replicas)}
+	inFlight := make([]int, sc.Replicas)
+	views := make([]*View, vms)
+	for k := range views {
+		views[k] = &View{Snapshot: snap, InFlight: inFlight}
+		if k > 0 {
+			views[k].Snapshot = &scheduler.Snapshot{Endpoints: slices.Clone(snap.Endpoints)}
+		}
+	}
 	var activeSum float64
 	var activeSamples int
 	scrape := func(at time.Duration) {
@@ -246,6 +269,12 @@ func runOnce(cfg RunConfig, into *samples) (Result, error) {
 				MaxActiveModels:  m.MaxLoRAs,
 				UpdateTime:       t,
 			}
+		}
+		for _, v := range views[1:] {
+			// Every VM reads the same scrape into its own snapshot; what one
+			// VM counts on top of it stays its own.
+			v.Snapshot.Time = t
+			copy(v.Snapshot.Endpoints, snap.Endpoints)
 		}
 	}
 	counters := func() (c vllmsim.Counters) {
@@ -283,7 +312,7 @@ func runOnce(cfg RunConfig, into *samples) (Result, error) {
 	complete := func(done []*vllmsim.Request) {
 		for _, r := range done {
 			f := store.get(r.ID)
-			view.InFlight[f.replica]--
+			inFlight[f.replica]--
 			outstanding--
 			if r.CompletedAt >= winStart && r.CompletedAt < arrivalsEnd {
 				res.ThroughputRPS++
@@ -344,14 +373,18 @@ func runOnce(cfg RunConfig, into *samples) (Result, error) {
 			}
 			req.Model, req.TargetModel = next.Adapter, next.Adapter
 			req.Criticality = sc.Criticality.pick(critRand.Float64())
-			i, outcome := policy.Route(&req, view)
+			vm := 0
+			if vms > 1 {
+				vm = vmRand.IntN(vms)
+			}
+			i, outcome := policies[vm].Route(&req, views[vm])
 			switch outcome {
 			case scheduler.Routed:
 				if i < 0 || i >= len(reps) {
 					return res, fmt.Errorf("fleet: policy %q routed to replica %d of %d", cfg.Policy.Name, i, len(reps))
 				}
 				f.replica = i
-				view.InFlight[i]++
+				inFlight[i]++
 				outstanding++
 				res.Routed[i]++
 				if err := reps[i].Submit(&f.req, at); err != nil {

@@ -19,8 +19,9 @@ type SweepConfig struct {
 	// (RunSeeds; 0 means 1).
 	Seed  uint64
 	Seeds int
-	// Warmup, Window and ScrapeInterval as in RunConfig.
+	// Warmup, Window, ScrapeInterval and GatewayVMs as in RunConfig.
 	Warmup, Window, ScrapeInterval time.Duration
+	GatewayVMs                     int
 	// Parallel runs that many simulations at once (at least 1). Results do
 	// not depend on it.
 	Parallel int
@@ -67,6 +68,7 @@ func Sweep(cfg SweepConfig) ([]ScenarioResult, error) {
 				jobs = append(jobs, job{sr: sr, slot: li*len(cfg.Policies) + pi, config: RunConfig{
 					Scenario: sc, Policy: p, Rate: load * capa.FleetRPS, Load: load, Seed: cfg.Seed,
 					Warmup: cfg.Warmup, Window: cfg.Window, ScrapeInterval: cfg.ScrapeInterval,
+					GatewayVMs: cfg.GatewayVMs,
 				}})
 			}
 		}

@@ -6,6 +6,7 @@
 //	fleetbench -scenarios a -loads 100 -policies decision-tree,round-robin -out /tmp/r
 //	fleetbench -policies decision-tree,tuned=my-scheduler.json
 //	fleetbench -qps 200 -warmup 0 -window 10m -scenarios a -policies decision-tree   # one run, no files
+//	fleetbench -count-routed=false -gateway-vms 4 -out /tmp/r    # burst-herding variants
 package main
 
 import (
@@ -20,6 +21,7 @@ import (
 	"time"
 
 	"github.com/wasm-epp/wasm-epp/e2e/fleet"
+	"github.com/wasm-epp/wasm-epp/scheduler"
 )
 
 func main() {
@@ -46,12 +48,18 @@ func run(args []string) error {
 		parallel    = fs.Int("parallel", runtime.GOMAXPROCS(0), "simulations run at once (results do not depend on it)")
 		out         = fs.String("out", "e2e/results", "directory for RESULTS.md, results.csv and the SVG plots")
 		quiet       = fs.Bool("quiet", false, "no progress lines")
+		gatewayVMs  = fs.Int("gateway-vms", 1, "routing VMs (Envoy workers) sharing the traffic, each with its own scheduler and snapshot copy")
+		countRouted optionalBool
 	)
+	fs.Var(&countRouted, "count-routed", fmt.Sprintf("countRoutedSinceSnapshot for scheduler policies whose configuration leaves it out (default: the scheduler's, %t)", scheduler.DefaultCountRoutedSinceSnapshot))
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
 	if fs.NArg() > 0 {
 		return fmt.Errorf("unexpected arguments %q", fs.Args())
+	}
+	if *gatewayVMs < 1 {
+		return fmt.Errorf("-gateway-vms: %d, want at least 1", *gatewayVMs)
 	}
 	var scs []fleet.Scenario
 	for _, name := range splitList(*scenarios) {
@@ -68,7 +76,7 @@ func run(args []string) error {
 	}
 	var pols []fleet.PolicySpec
 	for _, arg := range splitList(*policies) {
-		p, err := fleet.ParsePolicy(arg)
+		p, err := fleet.ParsePolicyWith(arg, fleet.PolicyOptions{CountRoutedSinceSnapshot: countRouted.value})
 		if err != nil {
 			return err
 		}
@@ -78,7 +86,7 @@ func run(args []string) error {
 		return errors.New("need at least one scenario and one policy")
 	}
 	if *qps > 0 {
-		return single(scs, pols, *qps, *seed, *warmup, *window, *scrape)
+		return single(scs, pols, *qps, *seed, *warmup, *window, *scrape, *gatewayVMs)
 	}
 	var loadList []float64
 	for _, s := range splitList(*loads) {
@@ -90,7 +98,7 @@ func run(args []string) error {
 	}
 	cfg := fleet.SweepConfig{
 		Scenarios: scs, Loads: loadList, Policies: pols, Seed: *seed, Seeds: *seeds,
-		Warmup: *warmup, Window: *window, ScrapeInterval: *scrape, Parallel: *parallel,
+		Warmup: *warmup, Window: *window, ScrapeInterval: *scrape, GatewayVMs: *gatewayVMs, Parallel: *parallel,
 	}
 	if !*quiet {
 		cfg.Progress = os.Stderr
@@ -117,11 +125,11 @@ func run(args []string) error {
 
 // single runs each scenario and policy once at an absolute rate: the speed
 // check of issue 8 and quick experiments.
-func single(scs []fleet.Scenario, pols []fleet.PolicySpec, qps float64, seed uint64, warmup, window, scrape time.Duration) error {
+func single(scs []fleet.Scenario, pols []fleet.PolicySpec, qps float64, seed uint64, warmup, window, scrape time.Duration, gatewayVMs int) error {
 	for _, sc := range scs {
 		for _, p := range pols {
 			start := time.Now()
-			r, err := fleet.Run(fleet.RunConfig{Scenario: sc, Policy: p, Rate: qps, Seed: seed, Warmup: warmup, Window: window, ScrapeInterval: scrape})
+			r, err := fleet.Run(fleet.RunConfig{Scenario: sc, Policy: p, Rate: qps, Seed: seed, Warmup: warmup, Window: window, ScrapeInterval: scrape, GatewayVMs: gatewayVMs})
 			if err != nil {
 				return err
 			}
@@ -133,6 +141,27 @@ func single(scs []fleet.Scenario, pols []fleet.PolicySpec, qps float64, seed uin
 	}
 	return nil
 }
+
+// optionalBool is a boolean flag that remembers whether it was given.
+type optionalBool struct{ value *bool }
+
+func (b *optionalBool) String() string {
+	if b == nil || b.value == nil {
+		return ""
+	}
+	return strconv.FormatBool(*b.value)
+}
+
+func (b *optionalBool) Set(s string) error {
+	v, err := strconv.ParseBool(s)
+	if err != nil {
+		return fmt.Errorf("want true or false, got %q", s)
+	}
+	b.value = &v
+	return nil
+}
+
+func (b *optionalBool) IsBoolFlag() bool { return true }
 
 func defaultPolicies() string {
 	var names []string

@@ -25,6 +25,24 @@ func TestSweepWritesTheResultsFolder(t *testing.T) {
 	assert.FileExists(t, filepath.Join(out, "scenario-b-ntpot-p90.svg"))
 }
 
+func TestCountRoutedAndGatewayVMsFlags(t *testing.T) {
+	out := filepath.Join(t.TempDir(), "results")
+	err := run([]string{"-quiet", "-scenarios", "a", "-loads", "50", "-seeds", "1", "-warmup", "0s", "-window", "5s",
+		"-count-routed", "-gateway-vms", "2", "-policies", "decision-tree,envoy-least-request", "-out", out})
+	require.NoError(t, err)
+	md, err := os.ReadFile(filepath.Join(out, "RESULTS.md"))
+	require.NoError(t, err)
+	assert.Contains(t, string(md), "The gateway runs 2 routing VMs")
+	assert.Contains(t, string(md), "(countRoutedSinceSnapshot on): decision-tree.")
+
+	require.NoError(t, run([]string{"-quiet", "-scenarios", "a", "-loads", "50", "-seeds", "1", "-warmup", "0s", "-window", "5s",
+		"-count-routed=false", "-policies", "decision-tree", "-out", out}))
+	md, err = os.ReadFile(filepath.Join(out, "RESULTS.md"))
+	require.NoError(t, err)
+	assert.Contains(t, string(md), "countRoutedSinceSnapshot off")
+	assert.NotContains(t, string(md), "routing VMs")
+}
+
 func TestSingleRunMode(t *testing.T) {
 	require.NoError(t, run([]string{"-qps", "20", "-warmup", "0s", "-window", "5s", "-scenarios", "a", "-policies", "scoring"}))
 }
@@ -39,6 +57,8 @@ func TestBadArguments(t *testing.T) {
 		{"-scenarios", ""},
 		{"extra"},
 		{"-nosuchflag"},
+		{"-gateway-vms", "0"},
+		{"-count-routed=maybe"},
 	} {
 		assert.Error(t, run(append(args, "-out", t.TempDir())), "%q", args)
 	}
