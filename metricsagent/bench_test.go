@@ -5,17 +5,26 @@ import (
 	"testing"
 )
 
-// BenchmarkScrape is one scrape of the 26 KB vLLM v1 golden page from a
-// loopback server: HTTP round trip, capped read, filter and parse. The
-// server's CPU is in the same process and included.
+// BenchmarkScrape is one scrape of the vLLM v1 golden page from a loopback
+// server: HTTP round trip, capped read, filter and parse. The server's CPU
+// is in the same process and included. "whole-page" reads all 26 KB;
+// "name-filter" asks for the five families with name[] and the server
+// answers as vLLM's prometheus_client does.
 func BenchmarkScrape(b *testing.B) {
-	pod := newPodServer(b, serveText(golden(b, "vllm-v1.txt")))
-	s := &Scraper{Client: NewScrapeClient(), Timeout: 5e9, MaxBodyBytes: 4 << 20, Names: DefaultMetricNames()}
-	url := pod.target("llm", "a").URL
-	b.ReportAllocs()
-	for b.Loop() {
-		if _, err := s.Scrape(context.Background(), url); err != nil {
-			b.Fatal(err)
-		}
+	for _, tc := range []struct {
+		name string
+		ask  bool
+	}{{"whole-page", false}, {"name-filter", true}} {
+		b.Run(tc.name, func(b *testing.B) {
+			pod := newPodServer(b, restrictedPage(golden(b, "vllm-v1.txt"), nil))
+			s := &Scraper{Client: NewScrapeClient(), Timeout: 5e9, MaxBodyBytes: 4 << 20, Names: DefaultMetricNames(), AskForNames: tc.ask}
+			url := s.URL(pod.target("llm", "a").URL)
+			b.ReportAllocs()
+			for b.Loop() {
+				if _, err := s.Scrape(context.Background(), url); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
 	}
 }
