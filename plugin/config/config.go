@@ -80,8 +80,9 @@ type Config struct {
 	Models        []Model            `json:"models,omitempty"`
 	UnknownModels UnknownModelPolicy `json:"unknownModels,omitempty"`
 
-	// Scheduler is the scheduler's own configuration (profiles and plugin
-	// parameters), decoded by the scheduler package.
+	// Scheduler is the scheduler's own configuration (profiles, plugin
+	// parameters, countRoutedSinceSnapshot), decoded by the scheduler
+	// package (scheduler.Config documents it).
 	Scheduler json.RawMessage `json:"scheduler,omitempty"`
 	// SchedulerConfig is Scheduler decoded and checked against the built-in
 	// plugin registry by Decode, so the plugin does not decode it twice.

@@ -2,11 +2,14 @@ package config
 
 import (
 	"errors"
+	"fmt"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/wasm-epp/wasm-epp/scheduler"
 )
 
 func TestDecodeDefaults(t *testing.T) {
@@ -65,6 +68,13 @@ func TestDecodeSchedulerAndSeed(t *testing.T) {
 	require.NoError(t, err)
 	assert.Nil(t, cfg.Seed, "no seed unless configured")
 	assert.Empty(t, cfg.SchedulerConfig.Profile, "zero scheduler config means the default profile")
+	assert.Equal(t, scheduler.DefaultCountRoutedSinceSnapshot, cfg.SchedulerConfig.CountsRoutedSinceSnapshot())
+
+	for _, on := range []bool{true, false} {
+		cfg, err = Decode(fmt.Appendf(nil, `{"scheduler": {"countRoutedSinceSnapshot": %t}}`, on))
+		require.NoError(t, err)
+		assert.Equal(t, on, cfg.SchedulerConfig.CountsRoutedSinceSnapshot())
+	}
 }
 
 func TestValidModelName(t *testing.T) {
@@ -129,6 +139,8 @@ func TestDecodeErrors(t *testing.T) {
 		{"scheduler field", `{"scheduler": {"profle": "x"}}`, `scheduler: unknown field "profle"`},
 		{"scheduler profile", `{"scheduler": {"profile": "nope"}}`, "scheduler.profile"},
 		{"scheduler plugin type", `{"scheduler": {"plugins": [{"type": "no-such-plugin"}]}}`, "scheduler.plugins[0]"},
+		{"count routed type", `{"scheduler": {"countRoutedSinceSnapshot": "yes"}}`, "scheduler.countRoutedSinceSnapshot: expected a boolean"},
+		{"count routed at top level", `{"countRoutedSinceSnapshot": true}`, `unknown field "countRoutedSinceSnapshot"`},
 		{"seed", `{"seed": -1}`, "seed: want uint64"},
 	}
 	for _, tc := range cases {

@@ -48,6 +48,12 @@
 // one (its endpoints then age out through staleness). No snapshot at all
 // means no endpoint: 503.
 //
+// Each VM decodes its own copy, so with the scheduler's
+// countRoutedSinceSnapshot on it counts every request it routes as waiting
+// at the chosen endpoint until the next decode (Scheduler.Observe): a burst
+// between two snapshots spreads instead of herding onto one endpoint. Each
+// Envoy worker counts only its own requests.
+//
 // # Metrics
 //
 // Envoy shows plugin metrics as wasmcustom.<name>; names use dots so a

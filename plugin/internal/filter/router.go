@@ -278,6 +278,8 @@ func (r *router) install(data []byte, err error) {
 		return
 	}
 	r.m.decodes.Increment(1)
+	// A fresh decode is also what resets the requests Scheduler.Observe
+	// counted into the previous copy.
 	r.cache.snap = snap
 	setGauge(r.m.endpoints, int64(len(snap.Endpoints)))
 }
@@ -315,6 +317,12 @@ func (r *router) decide(req *scheduler.Request, snap *scheduler.Snapshot, start 
 	switch res.Outcome {
 	case scheduler.Routed:
 		d.outcome, d.endpoint = outRouted, res.Endpoint
+		if req != nil {
+			// With countRoutedSinceSnapshot, the request counts as waiting
+			// in this VM's private snapshot copy until the next decode
+			// (install) replaces it; bodyless requests are not inference.
+			r.sched.Observe(res)
+		}
 	case scheduler.Dropped:
 		d.outcome = outDropped
 	case scheduler.AllStale:
