@@ -99,16 +99,23 @@ func (a *Agent) Close() {
 func (a *Agent) startWorker(t Target) *scrapeWorker {
 	ctx, cancel := context.WithCancel(context.Background())
 	w := &scrapeWorker{kick: make(chan context.Context, 1), done: make(chan scrapeResult, 1), cancel: cancel}
-	id, u := t.ID(), a.scraper.URL(t.URL)
-	hist := a.metrics.ScrapeDuration.WithLabelValues(id)
+	hist := a.metrics.ScrapeDuration.WithLabelValues(t.ID())
+	ps, perr := a.scraper.ForURL(a.scraper.URL(t.URL))
 	go func() {
+		if ps != nil {
+			defer ps.Close()
+		}
 		for {
 			select {
 			case <-ctx.Done():
 				return
 			case cycleCtx := <-w.kick:
+				if perr != nil { // cannot happen for discovered targets; reported, not hidden
+					w.done <- scrapeResult{err: &ScrapeError{Status: wire.ScrapeConnectFailed, Err: perr}, at: a.now()}
+					continue
+				}
 				began := time.Now()
-				m, err := a.scraper.Scrape(cycleCtx, u)
+				m, err := ps.Scrape(cycleCtx)
 				hist.Observe(time.Since(began).Seconds())
 				w.done <- scrapeResult{m: m, err: err, at: a.now()}
 			}

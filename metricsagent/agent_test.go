@@ -150,7 +150,7 @@ func newTestAgent(t *testing.T, targets []Target, envoys []string, token string,
 	t.Cleanup(pusher.Close)
 	a := NewAgent(Options{
 		AgentID: "node-1", Interval: 50 * time.Millisecond, Discoverer: fixedTargets(targets),
-		Scraper: &Scraper{Client: NewScrapeClient(), Timeout: scrapeTimeout, MaxBodyBytes: 64 << 10, Names: DefaultMetricNames(), AskForNames: true},
+		Scraper: &Scraper{Timeout: scrapeTimeout, MaxBodyBytes: 64 << 10, Names: DefaultMetricNames(), AskForNames: true},
 		Envoys:  StaticEnvoys(envoys), Pusher: pusher, Now: clock.Now, Log: quietLog, Metrics: m,
 	})
 	t.Cleanup(a.Close)

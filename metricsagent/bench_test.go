@@ -17,11 +17,15 @@ func BenchmarkScrape(b *testing.B) {
 	}{{"whole-page", false}, {"name-filter", true}} {
 		b.Run(tc.name, func(b *testing.B) {
 			pod := newPodServer(b, restrictedPage(golden(b, "vllm-v1.txt"), nil))
-			s := &Scraper{Client: NewScrapeClient(), Timeout: 5e9, MaxBodyBytes: 4 << 20, Names: DefaultMetricNames(), AskForNames: tc.ask}
-			url := s.URL(pod.target("llm", "a").URL)
+			s := &Scraper{Timeout: 5e9, MaxBodyBytes: 4 << 20, Names: DefaultMetricNames(), AskForNames: tc.ask}
+			ps, err := s.ForURL(s.URL(pod.target("llm", "a").URL))
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer ps.Close()
 			b.ReportAllocs()
 			for b.Loop() {
-				if _, err := s.Scrape(context.Background(), url); err != nil {
+				if _, err := ps.Scrape(context.Background()); err != nil {
 					b.Fatal(err)
 				}
 			}

@@ -79,7 +79,7 @@ func run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	}
 	agent := NewAgent(Options{
 		AgentID: cfg.AgentID, Interval: cfg.Interval, Discoverer: disc,
-		Scraper: &Scraper{Client: NewScrapeClient(), Timeout: cfg.ScrapeTimeout, MaxBodyBytes: cfg.MaxBodyBytes, Names: cfg.Names, AskForNames: cfg.AskForNames},
+		Scraper: &Scraper{Timeout: cfg.ScrapeTimeout, MaxBodyBytes: cfg.MaxBodyBytes, Names: cfg.Names, AskForNames: cfg.AskForNames},
 		Envoys:  envoys, Pusher: pusher, Log: log, Metrics: metrics,
 	})
 

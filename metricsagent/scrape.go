@@ -1,14 +1,17 @@
 package metricsagent
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"mime"
 	"net"
 	"net/http"
 	"net/url"
+	"os"
 	"strings"
 	"sync"
 	"time"
@@ -20,9 +23,8 @@ import (
 // TextParser reads (vLLM's prometheus_client honours it).
 const acceptHeader = "text/plain;version=0.0.4"
 
-// Scraper fetches and parses one pod's /metrics.
+// Scraper holds what every pod's scrape shares. PodScraper does the work.
 type Scraper struct {
-	Client *http.Client
 	// Timeout bounds one scrape, connect to last byte; keep it below the
 	// cycle interval so a slow pod cannot stretch the cycle.
 	Timeout time.Duration
@@ -33,30 +35,11 @@ type Scraper struct {
 	// families read, so the server renders only those: prometheus_client,
 	// which vLLM serves /metrics with, honours them (exposition.py
 	// _bake_output, restricted_registry). A 30-100 KB page shrinks to about
-	// 1 KB, which saves the pod and the agent most of the work. Servers that
+	// 1 KB, which saves the pod most of its rendering work. Servers that
 	// ignore the parameters send the whole page and the agent filters it.
 	AskForNames bool
 
 	bufs sync.Pool // *bytes.Buffer, reused across scrapes
-}
-
-// NewScrapeClient returns an HTTP client tuned for scraping many pods
-// often: kept-alive connections (one per pod), no compression (the bodies
-// travel between pods of one node, and gunzipping 20 pages a second per pod
-// would cost more CPU than the bytes saved).
-func NewScrapeClient() *http.Client {
-	return &http.Client{Transport: &http.Transport{
-		Proxy:               nil,
-		DialContext:         (&net.Dialer{Timeout: time.Second, KeepAlive: 30 * time.Second}).DialContext,
-		MaxIdleConns:        0, // no global cap: one idle connection per pod
-		MaxIdleConnsPerHost: 2,
-		IdleConnTimeout:     90 * time.Second,
-		DisableCompression:  true,
-		ForceAttemptHTTP2:   false,
-		// A vLLM page (20-60 KB) then arrives in a few reads instead of a
-		// dozen 4 KB ones; 16 KB per pod connection is cheap.
-		ReadBufferSize: 16 << 10,
-	}}
 }
 
 // URL returns the URL to scrape for a target's metrics URL.
@@ -77,58 +60,143 @@ func (s *Scraper) URL(metricsURL string) string {
 	return metricsURL + sep + q.Encode()
 }
 
-// keepBufferBytes: buffers that grew beyond this go back to the garbage
-// collector instead of the pool, so one huge page does not pin memory.
+// PodScraper scrapes one pod over one kept-alive HTTP/1.1 connection. It
+// is used by one goroutine at a time (the pod's scrape worker).
+//
+// It does not use http.Client: a client round trip hands the request and
+// response between three goroutines, and at 2000 scrapes a second those
+// wake-ups cost the agent more CPU than everything else together. Here the
+// worker writes a prepared request and parses the response with the
+// standard library's http.ReadResponse on its own connection, with the
+// scrape's deadline on the socket.
+type PodScraper struct {
+	s       *Scraper
+	addr    string // host:port to dial
+	request []byte // the whole GET request, prepared once
+	conn    net.Conn
+	br      *bufio.Reader
+}
+
+// ForURL returns a PodScraper for an http:// URL (as built by URL).
+func (s *Scraper) ForURL(rawURL string) (*PodScraper, error) {
+	u, err := url.Parse(rawURL)
+	if err != nil || u.Scheme != "http" || u.Host == "" {
+		return nil, fmt.Errorf("metrics URL %q: want http://host:port/path", rawURL)
+	}
+	host := u.Host
+	if u.Port() == "" {
+		host = net.JoinHostPort(u.Hostname(), "80")
+	}
+	req := "GET " + u.RequestURI() + " HTTP/1.1\r\nHost: " + u.Host + "\r\nAccept: " + acceptHeader +
+		"\r\nUser-Agent: wasm-epp-metricsagent\r\n\r\n"
+	return &PodScraper{s: s, addr: host, request: []byte(req)}, nil
+}
+
+// Close drops the connection.
+func (p *PodScraper) Close() {
+	if p.conn != nil {
+		_ = p.conn.Close()
+		p.conn, p.br = nil, nil
+	}
+}
+
+// readBufferBytes: a vLLM page (20-100 KB) arrives in a few reads instead
+// of a dozen 4 KB ones; 16 KB per pod connection is cheap.
+const readBufferBytes = 16 << 10
+
+// keepBufferBytes: body buffers that grew beyond this go back to the
+// garbage collector instead of the pool, so one huge page does not pin memory.
 const keepBufferBytes = 1 << 20
 
-// Scrape fetches url and parses it. Errors are *ScrapeError.
-func (s *Scraper) Scrape(ctx context.Context, url string) (PodMetrics, error) {
-	ctx, cancel := context.WithTimeout(ctx, s.Timeout)
+// Scrape fetches the pod's metrics and parses them. Errors are *ScrapeError.
+// Any failure closes the connection; the next scrape dials afresh.
+func (p *PodScraper) Scrape(ctx context.Context) (PodMetrics, error) {
+	ctx, cancel := context.WithTimeout(ctx, p.s.Timeout)
 	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
-	if err != nil {
-		return PodMetrics{}, scrapeErr(wire.ScrapeConnectFailed, "request: %w", err)
-	}
-	req.Header.Set("Accept", acceptHeader)
-	resp, err := s.Client.Do(req)
-	if err != nil {
-		return PodMetrics{}, transportErr(ctx, err)
-	}
-	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		return PodMetrics{}, scrapeErr(wire.ScrapeHTTPStatus, "GET %s: status %d", url, resp.StatusCode)
-	}
-	ct := resp.Header.Get("Content-Type")
-	if mt, _, err := mime.ParseMediaType(ct); err != nil || mt != "text/plain" {
-		return PodMetrics{}, scrapeErr(wire.ScrapeBadContentType, "GET %s: content type %q, want text/plain", url, ct)
-	}
+	deadline, _ := ctx.Deadline()
 
-	buf, _ := s.bufs.Get().(*bytes.Buffer)
+	buf, _ := p.s.bufs.Get().(*bytes.Buffer)
 	if buf == nil {
 		buf = new(bytes.Buffer)
 	}
 	defer func() {
 		if buf.Cap() <= keepBufferBytes {
 			buf.Reset()
-			s.bufs.Put(buf)
+			p.s.bufs.Put(buf)
 		}
 	}()
 	buf.Reset()
-	if n := resp.ContentLength; n > 0 && n <= s.MaxBodyBytes {
+
+	// A kept-alive connection the server closed while idle fails on first
+	// use without an answer; one retry on a fresh connection covers it, as
+	// http.Transport does for idempotent requests.
+	for attempt := 0; ; attempt++ {
+		reused := p.conn != nil
+		err := p.fetch(ctx, deadline, buf)
+		if err == nil {
+			return ParseMetrics(buf.Bytes(), p.s.Names)
+		}
+		p.Close()
+		var se *ScrapeError
+		if errors.As(err, &se) || !reused || attempt > 0 || ctx.Err() != nil {
+			return PodMetrics{}, classify(ctx, err)
+		}
+		buf.Reset()
+	}
+}
+
+// fetch sends the request and reads a 200 text/plain body into buf. It
+// returns a *ScrapeError for answers it refuses, and plain I/O errors
+// (which a retry may cure) otherwise.
+func (p *PodScraper) fetch(ctx context.Context, deadline time.Time, buf *bytes.Buffer) error {
+	if p.conn == nil {
+		conn, err := (&net.Dialer{}).DialContext(ctx, "tcp", p.addr)
+		if err != nil {
+			return classify(ctx, err)
+		}
+		p.conn, p.br = conn, bufio.NewReaderSize(conn, readBufferBytes)
+	}
+	if err := p.conn.SetDeadline(deadline); err != nil {
+		return err
+	}
+	if _, err := p.conn.Write(p.request); err != nil {
+		return err
+	}
+	resp, err := http.ReadResponse(p.br, nil)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return scrapeErr(wire.ScrapeHTTPStatus, "GET %s: status %d", p.addr, resp.StatusCode)
+	}
+	ct := resp.Header.Get("Content-Type")
+	if mt, _, err := mime.ParseMediaType(ct); err != nil || mt != "text/plain" {
+		return scrapeErr(wire.ScrapeBadContentType, "GET %s: content type %q, want text/plain", p.addr, ct)
+	}
+	if n := resp.ContentLength; n > 0 && n <= p.s.MaxBodyBytes {
 		buf.Grow(int(n) + 1) // +1: room for the probe byte past the cap
 	}
 	// Read one byte past the cap to tell "exactly the cap" from "more".
-	if _, err := buf.ReadFrom(io.LimitReader(resp.Body, s.MaxBodyBytes+1)); err != nil {
-		return PodMetrics{}, transportErr(ctx, err)
+	if _, err := buf.ReadFrom(io.LimitReader(resp.Body, p.s.MaxBodyBytes+1)); err != nil {
+		return classify(ctx, err) // a body cut short is not retried
 	}
-	if int64(buf.Len()) > s.MaxBodyBytes {
-		return PodMetrics{}, scrapeErr(wire.ScrapeBodyTooLarge, "GET %s: body over %d bytes", url, s.MaxBodyBytes)
+	if int64(buf.Len()) > p.s.MaxBodyBytes {
+		return scrapeErr(wire.ScrapeBodyTooLarge, "GET %s: body over %d bytes", p.addr, p.s.MaxBodyBytes)
 	}
-	return ParseMetrics(buf.Bytes(), s.Names)
+	if resp.Close {
+		p.Close() // the server said so; the body is complete
+	}
+	return nil
 }
 
-func transportErr(ctx context.Context, err error) *ScrapeError {
-	if errors.Is(ctx.Err(), context.DeadlineExceeded) || errors.Is(err, context.DeadlineExceeded) {
+// classify turns an I/O error into a *ScrapeError (kept as is if it is one).
+func classify(ctx context.Context, err error) *ScrapeError {
+	var se *ScrapeError
+	if errors.As(err, &se) {
+		return se
+	}
+	if errors.Is(ctx.Err(), context.DeadlineExceeded) || errors.Is(err, context.DeadlineExceeded) || errors.Is(err, os.ErrDeadlineExceeded) {
 		return scrapeErr(wire.ScrapeTimeout, "%w", err)
 	}
 	var ne net.Error
