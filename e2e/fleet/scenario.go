@@ -89,8 +89,29 @@ func RegressionScenario() Scenario {
 	}
 }
 
+// BaseModelScenario is scenario (c): the fleet of (a) serving the base
+// model only (no adapters, LoRA disabled), so routing is about load alone:
+// what a fleet without adapters sees, where herding onto the replica that
+// looked least loaded has no LoRA placement to hide behind. Not part of the
+// default sweep.
+func BaseModelScenario() Scenario {
+	cfg := vllmsim.DefaultReplicaConfig(vllmsim.Llama2_7B)
+	cfg.MaxLoRAs = 0
+	return Scenario{
+		Name:        "c",
+		Title:       "base model: 8 replicas, no adapters",
+		Replicas:    8,
+		Replica:     cfg,
+		Input:       vllmsim.ShareGPTInput,
+		Output:      vllmsim.ShareGPTOutput,
+		Criticality: AllCritical,
+	}
+}
+
 // Scenarios lists the built-in scenarios by name.
-func Scenarios() []Scenario { return []Scenario{SeedScenario(), RegressionScenario()} }
+func Scenarios() []Scenario {
+	return []Scenario{SeedScenario(), RegressionScenario(), BaseModelScenario()}
+}
 
 // ScenarioByName returns a built-in scenario.
 func ScenarioByName(name string) (Scenario, error) {

@@ -34,7 +34,7 @@ func main() {
 func run(args []string) error {
 	fs := flag.NewFlagSet("fleetbench", flag.ContinueOnError)
 	var (
-		scenarios   = fs.String("scenarios", "a,b", "comma-separated scenarios: a (seed: 8 replicas, max-lora 4, 10 equal adapters), b (regression: 10 replicas, max-lora 3, 15 skewed adapters)")
+		scenarios   = fs.String("scenarios", "a,b", "comma-separated scenarios: a (seed: 8 replicas, max-lora 4, 10 equal adapters), b (regression: 10 replicas, max-lora 3, 15 skewed adapters), c (base model only: 8 replicas, no adapters)")
 		policies    = fs.String("policies", defaultPolicies(), "comma-separated policies: scheduler profiles, "+fleet.EnvoyLeastRequest+", or name=path/to/scheduler-config.json")
 		loads       = fs.String("loads", "20,40,60,70,80,90,100,110,120,130", "offered loads in % of each scenario's measured fleet saturation")
 		qps         = fs.Float64("qps", 0, "if set, one run per scenario and policy at this absolute rate (req/s), printed only; -loads is ignored")
