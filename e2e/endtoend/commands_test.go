@@ -15,6 +15,8 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/wasm-epp/wasm-epp/e2e/internal/wasmbuild"
 )
 
 // TestRunCommand runs bin/wasm-epp-run as `make run` does (on free ports),
@@ -22,7 +24,7 @@ import (
 // and checks that every process it started is gone.
 func TestRunCommand(t *testing.T) {
 	bin, wasm := binaries(t)
-	root, err := moduleRoot()
+	root, err := wasmbuild.ModuleRoot()
 	require.NoError(t, err)
 	cmd := exec.Command(filepath.Join(bin, "wasm-epp-run"),
 		"--bin", bin, "--wasm", wasm, "--config", filepath.Join(root, "envoy", "envoy.yaml"),

@@ -17,6 +17,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/wasm-epp/wasm-epp/e2e/internal/wasmbuild"
 	"github.com/wasm-epp/wasm-epp/e2e/stack"
 	"github.com/wasm-epp/wasm-epp/e2e/vllmsim"
 	"github.com/wasm-epp/wasm-epp/metricsagent"
@@ -39,7 +40,7 @@ const (
 func startStack(t *testing.T, cfg stack.Config) *stack.Stack {
 	t.Helper()
 	bin, wasm := binaries(t)
-	root, err := moduleRoot()
+	root, err := wasmbuild.ModuleRoot()
 	require.NoError(t, err)
 	cfg.BinDir, cfg.WasmPath = bin, wasm
 	cfg.Bootstrap = filepath.Join(root, "envoy", "envoy.yaml")

@@ -1,7 +1,6 @@
 package endtoend
 
 import (
-	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -9,6 +8,7 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/wasm-epp/wasm-epp/e2e/internal/wasmbuild"
 	"github.com/wasm-epp/wasm-epp/e2e/stack"
 )
 
@@ -48,28 +48,11 @@ func TestMain(m *testing.M) {
 	}
 	code := m.Run()
 	os.RemoveAll(cacheDir)
+	wasmbuild.Cleanup()
 	if buildTmp != "" {
 		os.RemoveAll(buildTmp)
 	}
 	os.Exit(code)
-}
-
-// moduleRoot is the directory holding go.mod.
-func moduleRoot() (string, error) {
-	dir, err := os.Getwd()
-	if err != nil {
-		return "", err
-	}
-	for {
-		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
-			return dir, nil
-		}
-		parent := filepath.Dir(dir)
-		if parent == dir {
-			return "", errors.New("go.mod not found above the working directory")
-		}
-		dir = parent
-	}
 }
 
 // binaries returns the directory with every command and the plugin path,
@@ -87,7 +70,7 @@ func binaries(t testing.TB) (bin, wasm string) {
 }
 
 func findOrBuild() (bin, wasm string, err error) {
-	root, err := moduleRoot()
+	root, err := wasmbuild.ModuleRoot()
 	if err != nil {
 		return "", "", err
 	}
@@ -113,25 +96,22 @@ func findOrBuild() (bin, wasm string, err error) {
 		for _, pkg := range commands {
 			args = append(args, pkg)
 		}
-		if err := goCmd(root, nil, args...); err != nil {
+		if err := goCmd(root, args...); err != nil {
 			return "", "", err
 		}
 		bin = buildTmp
 	}
 	if wasm == "" || wasmErr != nil {
-		wasm = filepath.Join(buildTmp, stack.WasmFile)
-		if err := goCmd(root, []string{"GOOS=wasip1", "GOARCH=wasm", "CGO_ENABLED=0"},
-			"build", "-buildmode=c-shared", "-trimpath", "-o", wasm, "./plugin"); err != nil {
+		if wasm, err = wasmbuild.BuildErr("./plugin"); err != nil {
 			return "", "", err
 		}
 	}
 	return bin, wasm, nil
 }
 
-func goCmd(dir string, env []string, args ...string) error {
+func goCmd(dir string, args ...string) error {
 	cmd := exec.Command("go", args...)
 	cmd.Dir = dir
-	cmd.Env = append(os.Environ(), env...)
 	if out, err := cmd.CombinedOutput(); err != nil {
 		return fmt.Errorf("go %v: %v\n%s", args, err, out)
 	}

@@ -21,6 +21,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/wasm-epp/wasm-epp/e2e/internal/wasmbuild"
 	"github.com/wasm-epp/wasm-epp/e2e/stack"
 	"github.com/wasm-epp/wasm-epp/scheduler/wire"
 )
@@ -31,7 +32,7 @@ import (
 // speed. Subtests share the stack and run in order; overload is last.
 func TestStack(t *testing.T) {
 	bin, _ := binaries(t)
-	root, err := moduleRoot()
+	root, err := wasmbuild.ModuleRoot()
 	require.NoError(t, err)
 	local, err := stack.LocalConfig(bin, filepath.Join(root, "envoy", "envoy.yaml"))
 	require.NoError(t, err)
@@ -350,7 +351,7 @@ func testOverload(t *testing.T, s *stack.Stack) {
 // testDemoCommand runs bin/wasm-epp-demo briefly against the stack.
 func testDemoCommand(t *testing.T, s *stack.Stack) {
 	bin, _ := binaries(t)
-	root, err := moduleRoot()
+	root, err := wasmbuild.ModuleRoot()
 	require.NoError(t, err)
 	cmd := exec.CommandContext(t.Context(), filepath.Join(bin, "wasm-epp-demo"),
 		"--url", s.ClientURL(), "--start", "never", "--config", filepath.Join(root, "envoy", "envoy.yaml"),
