@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"net/http/pprof"
 	"os"
+	"runtime"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -31,6 +32,9 @@ func Main(ctx context.Context, args []string, getenv func(string) string, stderr
 	if err != nil {
 		fmt.Fprintln(stderr, "metricsagent:", err)
 		return 2
+	}
+	if cfg.MaxProcs > 0 {
+		runtime.GOMAXPROCS(cfg.MaxProcs)
 	}
 	log := newLogger(cfg, stderr)
 	klog.SetSlogLogger(log) // client-go logs through the same handler

@@ -35,6 +35,7 @@ func TestParseConfigDefaults(t *testing.T) {
 	assert.Equal(t, slog.LevelInfo, cfg.LogLevel)
 	assert.Equal(t, "8000", cfg.MetricsPort)
 	assert.True(t, cfg.AskForNames)
+	assert.Equal(t, 1, cfg.MaxProcs)
 }
 
 func TestParseConfigEnvironment(t *testing.T) {
@@ -158,6 +159,7 @@ func TestMainRunsAndShutsDown(t *testing.T) {
 			"--agent-id", "test-agent",
 			"--scrape-timeout", "2s", "--interval", "3s", // generous: the machine may be busy
 			"--listen", "127.0.0.1:0",
+			"--max-procs", "0", // leave the test process's GOMAXPROCS alone
 		}, env(map[string]string{TokenEnv: token}), &lockedWriter{w: &logs})
 	}()
 	p := envoy.next(t)

@@ -50,14 +50,25 @@ func TestResourceUsage(t *testing.T) {
 	}
 	bin := agentBinary(t)
 
+	// Pages are rendered up front (97 variants, whole and restricted) so the
+	// servers, which share the machine with the agent, stay cheap.
 	page := livePage(golden(t, "vllm-v1.txt"))
+	const variants = 97
+	var whole, restricted [variants][]byte
+	names := (&Scraper{Names: DefaultMetricNames()}).Names
+	asked := append([]string{names.Waiting, names.Running, names.LoRAInfo}, names.KVUsage...)
+	for i := range variants {
+		whole[i] = page(int64(i))
+		restricted[i] = restrict(whole[i], asked)
+	}
 	var scrapes atomic.Int64
 	var targets []string
 	for range 100 {
 		srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-			body := page(scrapes.Add(1))
-			if names := r.URL.Query()["name[]"]; len(names) > 0 {
-				body = restrict(body, names) // as vLLM's prometheus_client does
+			n := scrapes.Add(1) % variants
+			body := whole[n]
+			if strings.Contains(r.URL.RawQuery, "name") {
+				body = restricted[n] // as vLLM's prometheus_client does for name[]
 			}
 			w.Header().Set("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
 			w.Header().Set("Content-Length", strconv.Itoa(len(body))) // as vLLM's server sends it
