@@ -166,26 +166,34 @@ func (p *PodScraper) fetch(ctx context.Context, deadline time.Time, buf *bytes.B
 	if err != nil {
 		return err
 	}
-	defer resp.Body.Close()
+	// On any refusal the connection is dropped before the body is closed:
+	// closing a response body reads it to its end, which for an endless
+	// body would last until the deadline.
+	refuse := func(err error) error {
+		p.Close()
+		_ = resp.Body.Close()
+		return err
+	}
 	if resp.StatusCode != http.StatusOK {
-		return scrapeErr(wire.ScrapeHTTPStatus, "GET %s: status %d", p.addr, resp.StatusCode)
+		return refuse(scrapeErr(wire.ScrapeHTTPStatus, "GET %s: status %d", p.addr, resp.StatusCode))
 	}
 	ct := resp.Header.Get("Content-Type")
 	if mt, _, err := mime.ParseMediaType(ct); err != nil || mt != "text/plain" {
-		return scrapeErr(wire.ScrapeBadContentType, "GET %s: content type %q, want text/plain", p.addr, ct)
+		return refuse(scrapeErr(wire.ScrapeBadContentType, "GET %s: content type %q, want text/plain", p.addr, ct))
 	}
 	if n := resp.ContentLength; n > 0 && n <= p.s.MaxBodyBytes {
 		buf.Grow(int(n) + 1) // +1: room for the probe byte past the cap
 	}
 	// Read one byte past the cap to tell "exactly the cap" from "more".
 	if _, err := buf.ReadFrom(io.LimitReader(resp.Body, p.s.MaxBodyBytes+1)); err != nil {
-		return classify(ctx, err) // a body cut short is not retried
+		return refuse(classify(ctx, err)) // a body cut short is not retried
 	}
 	if int64(buf.Len()) > p.s.MaxBodyBytes {
-		return scrapeErr(wire.ScrapeBodyTooLarge, "GET %s: body over %d bytes", p.addr, p.s.MaxBodyBytes)
+		return refuse(scrapeErr(wire.ScrapeBodyTooLarge, "GET %s: body over %d bytes", p.addr, p.s.MaxBodyBytes))
 	}
+	_ = resp.Body.Close() // at its end already: reads nothing more
 	if resp.Close {
-		p.Close() // the server said so; the body is complete
+		p.Close() // the server said so
 	}
 	return nil
 }
