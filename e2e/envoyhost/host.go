@@ -80,6 +80,9 @@ func New(cfg Config) (*Host, error) {
 		h.rand = rand.Reader
 	}
 	h.ctx, h.cancel = context.WithCancel(context.Background())
+	if reserveLinearMemory {
+		h.ctx = withReservedMemory(h.ctx) // memory.go: grow in place, as V8 does
+	}
 	// No WithCloseOnContextDone: it costs a goroutine per call, and Envoy
 	// does not interrupt a running callback either.
 	rc := wazero.NewRuntimeConfigCompiler().
