@@ -37,12 +37,16 @@ const (
 	vmID          = "wasm-epp"
 	pushToken     = "e2e-push-token"
 	pushTokenEnv  = "WASM_EPP_PUSH_TOKEN"
-	pushPath      = "/wasm-epp/v1/push"
+	pushPath      = wire.PushPath
 	destHeader    = "x-gateway-destination-endpoint"
-	snapshotKey   = "wasm-epp/snapshot"
-	versionKey    = "wasm-epp/snapshot-version"
 	receiverCfg   = `{"role": "receiver"}`
 	podNamePrefix = "pod-"
+)
+
+// The shared-data keys of the default configuration.
+var (
+	snapshotKey = wire.SnapshotKey(wire.DefaultKeyPrefix)
+	versionKey  = snapshotKey + ".version"
 )
 
 // t0 is the host's (and so the plugin's) wall clock at start.

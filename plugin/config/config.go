@@ -19,6 +19,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/wasm-epp/wasm-epp/scheduler"
+	"github.com/wasm-epp/wasm-epp/scheduler/wire"
 )
 
 // Role selects what a plugin instance does.
@@ -65,8 +66,8 @@ const (
 	DefaultMaxModelNameLength  = 256
 	DefaultStaleAfter          = 2 * time.Second
 	DefaultDestinationHeader   = "x-gateway-destination-endpoint"
-	DefaultSharedDataKeyPrefix = "wasm-epp/"
-	DefaultReceiverPath        = "/wasm-epp/v1/push"
+	DefaultSharedDataKeyPrefix = wire.DefaultKeyPrefix
+	DefaultReceiverPath        = wire.PushPath
 	DefaultReceiverTokenEnv    = "WASM_EPP_PUSH_TOKEN"
 	DefaultMaxPushBytes        = 1 << 20
 	DefaultMaxEndpoints        = 1024
@@ -410,10 +411,10 @@ func validHeaderName(h string) bool {
 
 // SnapshotKey is the shared-data key holding the stored snapshot (the
 // scheduler/wire Stored encoding) that receivers write and routers read.
-func (c *Config) SnapshotKey() string { return c.SharedDataKeyPrefix + "snapshot" }
+func (c *Config) SnapshotKey() string { return wire.SnapshotKey(c.SharedDataKeyPrefix) }
 
 // SnapshotVersionKey is the shared-data key holding an 8-byte version of the
 // stored snapshot. Routers read this small value on every request and fetch
 // and decode SnapshotKey only when it changed; receivers write it after every
 // successful merge. It is an opaque token: compare for equality only.
-func (c *Config) SnapshotVersionKey() string { return c.SharedDataKeyPrefix + "snapshot-version" }
+func (c *Config) SnapshotVersionKey() string { return c.SnapshotKey() + ".version" }
