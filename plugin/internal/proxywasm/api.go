@@ -33,6 +33,8 @@ var (
 	_ func([]byte) error                             = PrependHttpResponseBody
 	_ func([]byte) error                             = ReplaceHttpResponseBody
 	_ func(int, int) ([]byte, error)                 = GetHttpCallResponseBody
+	_ func([]byte, int, int) ([]byte, error)         = GetHttpRequestBodyInto
+	_ func([]byte, int, int) ([]byte, error)         = GetHttpResponseBodyInto
 	_ func() ([][2]string, error)                    = GetHttpRequestHeaders
 	_ func([][2]string) error                        = ReplaceHttpRequestHeaders
 	_ func(string) (string, error)                   = GetHttpRequestHeader
@@ -63,6 +65,7 @@ var (
 	_ func() error                                   = ResumeHttpResponse
 	_ func(uint32, [][2]string, []byte, int32) error = SendHttpResponse
 	_ func(string) ([]byte, uint32, error)           = GetSharedData
+	_ func([]byte, string) ([]byte, uint32, error)   = GetSharedDataInto
 	_ func(string, []byte, uint32) error             = SetSharedData
 	_ func([]string) ([]byte, error)                 = GetProperty
 	_ func([]string) ([][2]string, error)            = GetPropertyMap

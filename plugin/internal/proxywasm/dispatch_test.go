@@ -163,3 +163,24 @@ func TestDispatcherCallouts(t *testing.T) {
 	d.delete(1)
 	require.Panics(t, func() { d.httpCallResponse(1, 15, 0, 0, 0, setEffective) })
 }
+
+// Streams found through the one-entry cache are the right ones, interleaved
+// or not, and a deleted stream is not served from it.
+func TestDispatcherStreamCache(t *testing.T) {
+	d, _ := newRecorded()
+	d.contextCreate(1, 0)
+	d.contextCreate(2, 1)
+	d.contextCreate(3, 1)
+	for _, id := range []uint32{3, 3, 2, 3, 2, 2} {
+		assert.Equal(t, id, d.httpStream(id).(*recStream).id)
+		assert.Equal(t, id, d.active)
+	}
+	assert.True(t, d.done(2))
+	assert.False(t, d.done(1), "roots answer OnPluginDone")
+	d.delete(2)
+	assert.Panics(t, func() { d.httpStream(2) })
+	assert.Equal(t, uint32(3), d.httpStream(3).(*recStream).id)
+	d.delete(3)
+	assert.Panics(t, func() { d.httpStream(3) })
+	assert.True(t, d.done(3), "an unknown context is done")
+}

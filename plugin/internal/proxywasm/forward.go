@@ -118,6 +118,29 @@ func PrependHttpResponseBody(data []byte) error { return sdk.PrependHttpResponse
 // ReplaceHttpResponseBody forwards to the SDK.
 func ReplaceHttpResponseBody(data []byte) error { return sdk.ReplaceHttpResponseBody(data) }
 
+// into returns data in buf's storage when it fits, as the wasip1 build's
+// *Into functions do (there the host writes it there directly).
+func into(buf, data []byte) []byte {
+	if len(data) == 0 || len(data) > cap(buf) {
+		return data
+	}
+	return append(buf[:0], data...)
+}
+
+// GetHttpRequestBodyInto is GetHttpRequestBody, copied into buf's storage
+// when it fits.
+func GetHttpRequestBodyInto(buf []byte, start, maxSize int) ([]byte, error) {
+	b, err := GetHttpRequestBody(start, maxSize)
+	return into(buf, b), err
+}
+
+// GetHttpResponseBodyInto is GetHttpResponseBody, copied into buf's storage
+// when it fits.
+func GetHttpResponseBodyInto(buf []byte, start, maxSize int) ([]byte, error) {
+	b, err := GetHttpResponseBody(start, maxSize)
+	return into(buf, b), err
+}
+
 // GetHttpCallResponseBody forwards to the SDK (empty body: nil, nil).
 func GetHttpCallResponseBody(start, maxSize int) ([]byte, error) {
 	return emptyIfNotFound(sdk.GetHttpCallResponseBody(start, maxSize))
@@ -275,6 +298,13 @@ func DispatchHttpCall(cluster string, headers [][2]string, body []byte, trailers
 
 // GetSharedData forwards to the SDK.
 func GetSharedData(key string) (value []byte, cas uint32, err error) { return sdk.GetSharedData(key) }
+
+// GetSharedDataInto is GetSharedData, copied into buf's storage when it
+// fits.
+func GetSharedDataInto(buf []byte, key string) (value []byte, cas uint32, err error) {
+	value, cas, err = sdk.GetSharedData(key)
+	return into(buf, value), cas, err
+}
 
 // SetSharedData forwards to the SDK. Envoy treats cas 0 as "write
 // unconditionally" (proxy-wasm-cpp-host src/shared_data.cc: the check runs

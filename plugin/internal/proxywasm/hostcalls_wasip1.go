@@ -189,6 +189,25 @@ func ReplaceHttpResponseBody(data []byte) error {
 	return setBuffer(bufferHttpResponseBody, 0, wholeBuffer, data)
 }
 
+// GetHttpRequestBodyInto is GetHttpRequestBody reading into buf's storage
+// when the data fits in cap(buf): the result then aliases buf and nothing is
+// allocated (else it is a fresh slice, as from GetHttpRequestBody). A plugin
+// that reads every request body passes the same buffer each time, so a
+// request touches memory that is already warm instead of a new allocation.
+func GetHttpRequestBodyInto(buf []byte, start, maxSize int) ([]byte, error) {
+	buffers.offer(buf)
+	defer buffers.offer(nil)
+	return getBuffer(bufferHttpRequestBody, start, maxSize)
+}
+
+// GetHttpResponseBodyInto is GetHttpResponseBody into buf's storage when it
+// fits (see GetHttpRequestBodyInto).
+func GetHttpResponseBodyInto(buf []byte, start, maxSize int) ([]byte, error) {
+	buffers.offer(buf)
+	defer buffers.offer(nil)
+	return getBuffer(bufferHttpResponseBody, start, maxSize)
+}
+
 // GetHttpCallResponseBody returns the body of the HTTP call response; only in
 // the DispatchHttpCall callback.
 func GetHttpCallResponseBody(start, maxSize int) ([]byte, error) {
@@ -420,6 +439,14 @@ func GetSharedData(key string) (value []byte, cas uint32, err error) {
 		return nil, 0, err
 	}
 	return value, cas, nil
+}
+
+// GetSharedDataInto is GetSharedData reading the value into buf's storage
+// when it fits in cap(buf) (see GetHttpRequestBodyInto).
+func GetSharedDataInto(buf []byte, key string) (value []byte, cas uint32, err error) {
+	buffers.offer(buf)
+	defer buffers.offer(nil)
+	return GetSharedData(key)
 }
 
 // SetSharedData stores data under key. A non-zero cas must match the stored

@@ -50,7 +50,7 @@ func TestHostBuffers(t *testing.T) {
 	assert.Equal(t, 1, h.size())
 
 	// The host writes into the buffer; take returns exactly size bytes.
-	copy(h.pinned[p], "0123456789")
+	copy(h.buffer(p), "0123456789")
 	b, err := h.take(p, 4)
 	require.NoError(t, err)
 	assert.Equal(t, "0123", string(b))
@@ -81,6 +81,38 @@ func TestHostBuffers(t *testing.T) {
 	assert.NotEqual(t, z1, z2)
 	h.releaseAll()
 	assert.Equal(t, 0, h.size())
+}
+
+// Storage offered for a result is used by the next allocation that fits,
+// once; a result that does not fit gets a fresh buffer.
+func TestHostBuffersOffered(t *testing.T) {
+	h := newHostBuffers()
+	own := make([]byte, 0, 16)
+	h.offer(own)
+	p := h.alloc(5)
+	assert.Equal(t, uintptr(unsafe.Pointer(unsafe.SliceData(own))), p)
+	copy(h.buffer(p), "hello")
+	b, err := h.take(p, 5)
+	require.NoError(t, err)
+	assert.Equal(t, "hello", string(b))
+	assert.Equal(t, unsafe.SliceData(own), unsafe.SliceData(b))
+
+	// Used once: the next allocation is fresh.
+	q := h.alloc(5)
+	assert.NotEqual(t, p, q)
+
+	// Too small, or a zero-size allocation: fresh buffers, offer kept.
+	h.offer(own[:0:4])
+	r := h.alloc(5)
+	assert.NotEqual(t, uintptr(unsafe.Pointer(unsafe.SliceData(own))), r)
+	z := h.alloc(0)
+	assert.NotEqual(t, uintptr(unsafe.Pointer(unsafe.SliceData(own))), z)
+	assert.Equal(t, 4, cap(h.offered))
+	assert.Equal(t, 3, h.size())
+
+	h.releaseAll()
+	assert.Equal(t, 0, h.size())
+	assert.Nil(t, h.offered)
 }
 
 func TestClampSize(t *testing.T) {
