@@ -107,7 +107,7 @@ func (c *httpContext) onRequestBody(bodySize int, endOfStream bool) types.Action
 	if !endOfStream {
 		return types.ActionPause // buffer: each later call sees the whole body
 	}
-	body, err := proxywasm.GetHttpRequestBody(0, bodySize)
+	body, err := r.readBody(bodySize)
 	if err != nil {
 		return c.replyInternal(fmt.Sprintf("cannot read the request body: %v", err))
 	}
@@ -176,7 +176,7 @@ func (c *httpContext) route(p *Parsed, m *model, body []byte, targetModel string
 			return c.replyInternal(fmt.Sprintf("cannot rewrite the request body: %v", err))
 		}
 	}
-	if err := proxywasm.ReplaceHttpRequestHeader(r.cfg.DestinationHeader, r.destination(d.endpoint)); err != nil {
+	if err := proxywasm.ReplaceHttpRequestHeader(r.cfg.DestinationHeader, r.destinationOf(snap, d.endpoint)); err != nil {
 		return c.replyInternal(fmt.Sprintf("cannot set the destination header: %v", err))
 	}
 	if r.cfg.ServedByHeader != "" {

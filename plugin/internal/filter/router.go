@@ -8,6 +8,7 @@ import (
 	"math/rand/v2"
 	"strings"
 	"time"
+	"unsafe"
 
 	"github.com/tetratelabs/proxy-wasm-go-sdk/proxywasm/types"
 
@@ -64,6 +65,15 @@ type router struct {
 
 	// req is reused for every request (the scheduler keeps no reference).
 	req scheduler.Request
+	// bodyBuf and versionBuf are where request bodies and the snapshot
+	// version are read (proxywasm.*Into): reusing them keeps a request off
+	// the allocator and on memory that is already warm, which in a Wasm
+	// guest is most of the cost of reading them. Nothing read into them
+	// outlives the callback.
+	bodyBuf, versionBuf []byte
+	// dests caches the destination header value of each endpoint of
+	// cache.snap (same index), filled on first use.
+	dests []string
 
 	m metrics
 	// lastFailOpenWarn rate-limits the fail-open warning.
@@ -236,7 +246,10 @@ func (r *router) pickTarget(m *model, requested string) string {
 // snapshot returns the current snapshot, decoding shared data only when its
 // version changed since the last call on this VM.
 func (r *router) snapshot() *scheduler.Snapshot {
-	v, _, err := proxywasm.GetSharedData(r.versionKey)
+	v, _, err := proxywasm.GetSharedDataInto(r.versionBuf[:0], r.versionKey)
+	if cap(v) > cap(r.versionBuf) && cap(v) <= maxKeptVersion {
+		r.versionBuf = v[:0]
+	}
 	switch {
 	case err == nil && len(v) > 0:
 		if r.cache.valid && r.cache.version != nil && bytes.Equal(v, r.cache.version) {
@@ -281,6 +294,7 @@ func (r *router) install(data []byte, err error) {
 	// A fresh decode is also what resets the requests Scheduler.Observe
 	// counted into the previous copy.
 	r.cache.snap = snap
+	r.dests = make([]string, len(snap.Endpoints))
 	setGauge(r.m.endpoints, int64(len(snap.Endpoints)))
 }
 
@@ -355,6 +369,50 @@ func (r *router) decide(req *scheduler.Request, snap *scheduler.Snapshot, start 
 			time.Duration(r.cfg.StaleAfter))
 	}
 	return d
+}
+
+// maxKeptBody and maxKeptVersion cap the read buffers a router keeps:
+// larger bodies (rare: long prompts) get a buffer of their own.
+const (
+	maxKeptBody    = 256 << 10
+	maxKeptVersion = 1 << 10
+)
+
+// readBody reads the buffered request body into bodyBuf (growing it up to
+// maxKeptBody). The result is valid until the next request's body is read.
+func (r *router) readBody(size int) ([]byte, error) {
+	body, err := proxywasm.GetHttpRequestBodyInto(r.bodyBuf[:0], 0, size)
+	if cap(body) > cap(r.bodyBuf) && cap(body) <= maxKeptBody {
+		r.bodyBuf = body[:0]
+	}
+	return body, err
+}
+
+// destinationOf is destination(ep), from the cache when ep belongs to the
+// cached snapshot (it always does, except in tests).
+func (r *router) destinationOf(snap *scheduler.Snapshot, ep *scheduler.Endpoint) string {
+	i := endpointIndex(snap, ep)
+	if snap != r.cache.snap || i < 0 || i >= len(r.dests) {
+		return r.destination(ep)
+	}
+	if r.dests[i] == "" {
+		r.dests[i] = r.destination(ep)
+	}
+	return r.dests[i]
+}
+
+// endpointIndex is the index of ep in snap.Endpoints, or -1.
+func endpointIndex(snap *scheduler.Snapshot, ep *scheduler.Endpoint) int {
+	if len(snap.Endpoints) == 0 || ep == nil {
+		return -1
+	}
+	size := unsafe.Sizeof(snap.Endpoints[0])
+	off := uintptr(unsafe.Pointer(ep)) - uintptr(unsafe.Pointer(&snap.Endpoints[0]))
+	i := off / size
+	if off%size != 0 || i >= uintptr(len(snap.Endpoints)) || &snap.Endpoints[i] != ep {
+		return -1
+	}
+	return int(i)
 }
 
 // destination formats ip:port ([v6]:port) for the ORIGINAL_DST header;

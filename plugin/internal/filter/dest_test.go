@@ -1,0 +1,47 @@
+package filter
+
+import (
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/wasm-epp/wasm-epp/plugin/config"
+	"github.com/wasm-epp/wasm-epp/scheduler"
+	"github.com/wasm-epp/wasm-epp/scheduler/wire"
+)
+
+// Destinations of the cached snapshot's endpoints are formatted once; the
+// scheduler's choice is found in the snapshot by address.
+func TestDestinationCache(t *testing.T) {
+	const cfgJSON = `{"models": [{"name": "chat", "criticality": "Standard"}]}`
+	newEnv(t, cfgJSON) // a host for the router's metrics
+	cfg, err := config.Decode([]byte(cfgJSON))
+	require.NoError(t, err)
+	r, err := newRouter(cfg, Options{Now: func() time.Time { return t0 }, LogLevel: nil})
+	require.NoError(t, err)
+	stored := storedBytes(t, t0, pod{name: "a", addr: "10.0.0.1", port: 8000, max: 4},
+		pod{name: "b", addr: "fd00::2", port: 8001, max: 4, waiting: 9})
+	snap, err := wire.DecodeSnapshot(stored, wire.DefaultLimits(), wire.SnapshotOptions{})
+	require.NoError(t, err)
+	r.cache.snap, r.dests = snap, make([]string, len(snap.Endpoints))
+
+	r.reqTime = t0
+	r.req = scheduler.Request{Model: "chat", TargetModel: "chat", Criticality: scheduler.Standard}
+	res := r.sched.Schedule(&r.req, snap)
+	require.Equal(t, scheduler.Routed, res.Outcome)
+	i := endpointIndex(snap, res.Endpoint)
+	require.GreaterOrEqual(t, i, 0, "the chosen endpoint is one of the snapshot's")
+	want := r.destination(res.Endpoint)
+	assert.Equal(t, want, r.destinationOf(snap, res.Endpoint))
+	assert.Equal(t, want, r.dests[i], "cached")
+
+	assert.Equal(t, "[fd00::2]:8001", r.destinationOf(snap, &snap.Endpoints[1]))
+	other := *snap
+	other.Endpoints = append([]scheduler.Endpoint(nil), snap.Endpoints...)
+	assert.Equal(t, -1, endpointIndex(snap, &other.Endpoints[0]))
+	assert.Equal(t, "10.0.0.1:8000", r.destinationOf(&other, &other.Endpoints[0]), "not the cached snapshot: formatted")
+	assert.Equal(t, -1, endpointIndex(snap, nil))
+	assert.Equal(t, -1, endpointIndex(&scheduler.Snapshot{}, &snap.Endpoints[0]))
+}
