@@ -21,7 +21,7 @@
 //	})
 //	res := s.Schedule(&scheduler.Request{Model: m, TargetModel: t, Criticality: c}, snap)
 //	switch res.Outcome {
-//	case scheduler.Routed:     // res.Endpoint (a pointer into snap); then s.Observe(res)
+//	case scheduler.Routed:     // res.Endpoint (a pointer into snap); then s.Observe(req, res)
 //	case scheduler.Dropped:    // 429
 //	case scheduler.NoEndpoint: // 503
 //	case scheduler.AllStale:   // fail-open policy: s.ScheduleFailOpen(req, snap), or 503

@@ -25,7 +25,7 @@ func burst(s *Scheduler, snap *Snapshot, n int) map[string]int {
 			got[res.Outcome.String()]++
 			continue
 		}
-		s.Observe(res)
+		s.Observe(req, res)
 		got[res.Endpoint.ID.Name]++
 	}
 	return got
@@ -71,6 +71,47 @@ func TestBurstFillsTheShortestQueueFirst(t *testing.T) {
 	assert.Equal(t, map[string]int{"a": 3, "b": 3, "c": 3, "d": 3}, burst(s, snap, 12))
 }
 
+// TestRequestsJoiningTheirAdapterAreNotCounted: LoRA affinity keeps an
+// adapter's requests where it is loaded, and counting them would spread the
+// adapter (see Observe). A request placed where its adapter is not listed
+// (a free slot) is counted, and so is one for the base model.
+func TestRequestsJoiningTheirAdapterAreNotCounted(t *testing.T) {
+	snap := snapshot(
+		ep("runs-sql", 0, 0.1, []string{"sql"}, nil, 4),
+		ep("queues-sql", 0, 0.2, nil, []string{"sql"}, 4),
+		ep("free", 0, 0.3, []string{"chat"}, nil, 4),
+	)
+	s := newScheduler(t, countingConfig(ProfileDecisionTree, true), seeded(2))
+	for _, tc := range []struct {
+		req  Request
+		at   int
+		want int // RoutedSinceUpdate afterwards
+	}{
+		{Request{Model: "sql"}, 0, 0},
+		{Request{Model: "s", TargetModel: "sql"}, 1, 0},
+		{Request{Model: "tweets"}, 2, 1},
+		{Request{Model: "chat"}, 0, 1},
+		{Request{Model: "base"}, 2, 2},
+	} {
+		s.Observe(&tc.req, Result{Outcome: Routed, Endpoint: &snap.Endpoints[tc.at]})
+		assert.Equal(t, tc.want, snap.Endpoints[tc.at].Metrics.RoutedSinceUpdate, "%+v", tc.req)
+	}
+	assert.Equal(t, []int{1, 0, 2}, []int{snap.Endpoints[0].Metrics.WaitingQueueSize,
+		snap.Endpoints[1].Metrics.WaitingQueueSize, snap.Endpoints[2].Metrics.WaitingQueueSize})
+
+	// A burst for an adapter two endpoints run stays where the tree puts
+	// it (the one with less KV cache) instead of alternating.
+	two := snapshot(ep("a", 0, 0.1, []string{"sql"}, nil, 4), ep("b", 0, 0.2, []string{"sql"}, nil, 4))
+	got := map[string]int{}
+	for range 8 {
+		req := &Request{Model: "sql", Criticality: Critical}
+		res := s.Schedule(req, two)
+		s.Observe(req, res)
+		got[res.Endpoint.ID.Name]++
+	}
+	assert.Equal(t, map[string]int{"a": 8}, got)
+}
+
 // TestFreshMetricsResetTheCounts: the counts live in the caller's snapshot
 // and nowhere else. Overwriting an endpoint's metrics with a new scrape, or
 // scheduling on a new snapshot, starts from the scraped values again.
@@ -107,7 +148,7 @@ func TestCountingOffIsTheSeed(t *testing.T) {
 				req := &Request{Model: adapterName(i % 7), Criticality: Criticality(i % 3)}
 				want := seed.Schedule(req, pristine)
 				got := off.Schedule(req, snap)
-				off.Observe(got)
+				off.Observe(req, got)
 				require.Equal(t, want.Outcome, got.Outcome, "request %d", i)
 				require.Equal(t, want.Path, got.Path, "request %d", i)
 				if want.Endpoint != nil {
@@ -127,9 +168,9 @@ func TestObserveIgnoresWhatWasNotRouted(t *testing.T) {
 	full := snapshot(ep("a", 50, 0.95, nil, nil, 4)) // no capacity: sheddable requests are dropped
 	res := s.Schedule(&Request{Model: "m", Criticality: Sheddable}, full)
 	require.Equal(t, Dropped, res.Outcome)
-	s.Observe(res)
-	s.Observe(Result{Outcome: NoEndpoint})
-	s.Observe(Result{Outcome: AllStale})
+	s.Observe(&Request{Model: "m", Criticality: Sheddable}, res)
+	s.Observe(&Request{Model: "m"}, Result{Outcome: NoEndpoint})
+	s.Observe(&Request{Model: "m"}, Result{Outcome: AllStale})
 	assert.Equal(t, 50, full.Endpoints[0].Metrics.WaitingQueueSize)
 	assert.Zero(t, full.Endpoints[0].Metrics.RoutedSinceUpdate)
 }
@@ -168,5 +209,5 @@ func TestObserveAllocatesNothing(t *testing.T) {
 	snap := randomSnapshot(newRand(1), 64)
 	s := newScheduler(t, countingConfig(ProfileScoring, true), seeded(1))
 	req := &Request{Model: "adapter-1", Criticality: Critical}
-	assert.Zero(t, testing.AllocsPerRun(200, func() { s.Observe(s.Schedule(req, snap)) }))
+	assert.Zero(t, testing.AllocsPerRun(200, func() { s.Observe(req, s.Schedule(req, snap)) }))
 }

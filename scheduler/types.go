@@ -68,7 +68,7 @@ type Endpoint struct {
 // Snapshot is a view of every known endpoint.
 //
 // The scheduler never modifies a Snapshot except through Scheduler.Observe,
-// which (only when Config.CountRoutedSinceSnapshot is on) adds a routed
+// which (only when Config.CountRoutedSinceSnapshot is on) may add a routed
 // request to the chosen endpoint's WaitingQueueSize and RoutedSinceUpdate;
 // it never touches the slices. Callers must not modify a Snapshot while a
 // Scheduler call on it runs. Between calls the owner may overwrite an

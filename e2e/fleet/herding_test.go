@@ -81,7 +81,8 @@ func TestGatewayVMs(t *testing.T) {
 // own, fresh at every scrape, carrying only what that VM routed since.
 func TestGatewayVMsKeepTheirOwnCounts(t *testing.T) {
 	var views []*View
-	routedSince := map[*View]int{}     // routed by this VM since its last scrape
+	countedAll := 0
+	routedSince := map[*View]int{}     // counted by this VM since its last scrape
 	scrapedAt := map[*View]time.Time{} // that scrape
 	inner := countingPolicy(t, scheduler.ProfileDecisionTree, true)
 	spec := PolicySpec{Name: "checked", New: func(seed uint64, clock func() time.Time) (Policy, error) {
@@ -102,7 +103,11 @@ func TestGatewayVMsKeepTheirOwnCounts(t *testing.T) {
 			require.Equal(t, routedSince[v], counted, "a VM counts exactly what it routed since the scrape")
 			i, outcome := p.Route(req, v)
 			if outcome == scheduler.Routed {
-				routedSince[v]++
+				// Requests joining their adapter are not counted (Observe).
+				if m := &v.Snapshot.Endpoints[i].Metrics; !m.HasActiveModel(req.TargetModel) && !m.HasWaitingModel(req.TargetModel) {
+					routedSince[v]++
+					countedAll++
+				}
 			}
 			return i, outcome
 		}), err
@@ -112,6 +117,7 @@ func TestGatewayVMsKeepTheirOwnCounts(t *testing.T) {
 	_, err := Run(cfg)
 	require.NoError(t, err)
 	require.Len(t, views, 3)
+	assert.Positive(t, countedAll)
 	assert.NotSame(t, views[0].Snapshot, views[1].Snapshot)
 	assert.NotSame(t, &views[0].Snapshot.Endpoints[0], &views[1].Snapshot.Endpoints[0])
 	assert.Equal(t, views[0].InFlight, views[1].InFlight, "in-flight counts are the gateway's, shared")

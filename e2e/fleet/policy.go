@@ -175,7 +175,7 @@ func (p *schedulerPolicy) Route(req *scheduler.Request, v *View) (int, scheduler
 	if res.Outcome != scheduler.Routed {
 		return -1, res.Outcome
 	}
-	p.s.Observe(res)
+	p.s.Observe(req, res)
 	eps := v.Snapshot.Endpoints
 	for i := range eps {
 		if &eps[i] == res.Endpoint {

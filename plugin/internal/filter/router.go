@@ -335,7 +335,7 @@ func (r *router) decide(req *scheduler.Request, snap *scheduler.Snapshot, start 
 			// With countRoutedSinceSnapshot, the request counts as waiting
 			// in this VM's private snapshot copy until the next decode
 			// (install) replaces it; bodyless requests are not inference.
-			r.sched.Observe(res)
+			r.sched.Observe(req, res)
 		}
 	case scheduler.Dropped:
 		d.outcome = outDropped
