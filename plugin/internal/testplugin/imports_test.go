@@ -4,6 +4,11 @@ package main
 
 import (
 	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sync"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -13,6 +18,44 @@ import (
 
 	"github.com/wasm-epp/wasm-epp/e2e/envoyhost"
 )
+
+// The binding's behaviour through a host (header, body, shared data,
+// property and callout calls, (0, 0) as empty, the allocator under GC,
+// traps) is tested by running this module in e2e/envoyhost
+// (testplugin_test.go, binding_test.go and the others there); here only
+// the module's shape is checked.
+
+var (
+	wasmOnce sync.Once
+	wasmBin  []byte
+	wasmErr  error
+)
+
+// testWasm builds this package for wasip1 once per test binary.
+func testWasm(t testing.TB) []byte {
+	t.Helper()
+	if testing.Short() {
+		t.Skip("builds the wasm module")
+	}
+	wasmOnce.Do(func() {
+		dir, err := os.MkdirTemp("", "testplugin")
+		if err != nil {
+			wasmErr = err
+			return
+		}
+		defer os.RemoveAll(dir)
+		out := filepath.Join(dir, "testplugin.wasm")
+		cmd := exec.Command("go", "build", "-buildmode=c-shared", "-o", out, ".")
+		cmd.Env = append(os.Environ(), "GOOS=wasip1", "GOARCH=wasm")
+		if msg, err := cmd.CombinedOutput(); err != nil {
+			wasmErr = fmt.Errorf("go build: %v\n%s", err, msg)
+			return
+		}
+		wasmBin, wasmErr = os.ReadFile(out)
+	})
+	require.NoError(t, wasmErr)
+	return wasmBin
+}
 
 // TestWasmImportsAllowed checks every import of the test plugin against the
 // repository's single copy of cpp-host's import set (e2e/envoyhost), for both
@@ -31,7 +74,7 @@ func TestWasmImportsAllowed(t *testing.T) {
 // WasmCallVoid<N> / WasmCallWord<N>, all i32).
 func TestWasmExports(t *testing.T) {
 	ctx := context.Background()
-	rt := wazero.NewRuntimeWithConfig(ctx, wazero.NewRuntimeConfig().WithCompilationCache(compilationCache))
+	rt := wazero.NewRuntime(ctx)
 	defer rt.Close(ctx)
 	compiled, err := rt.CompileModule(ctx, testWasm(t))
 	require.NoError(t, err)
