@@ -44,3 +44,28 @@ func BenchmarkLeastLoaded(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkScheduleCounting is a decision followed by Observe with
+// countRoutedSinceSnapshot on (the counts grow without a new snapshot; only
+// the cost matters here).
+//
+//	go test -run '^$' -bench BenchmarkScheduleCounting -benchmem ./scheduler/
+func BenchmarkScheduleCounting(b *testing.B) {
+	var reqs []*Request
+	for i := range 30 {
+		reqs = append(reqs, &Request{Model: adapterName(i % 10), Criticality: Criticality(i % 3)})
+	}
+	for _, profile := range []string{"decision-tree", "scoring"} {
+		b.Run("profile="+profile+"/endpoints=64", func(b *testing.B) {
+			snap := randomSnapshot(newRand(64), 64)
+			s := newScheduler(b, countingConfig(profile, true), seeded(1))
+			b.ReportAllocs()
+			i := 0
+			for b.Loop() {
+				req := reqs[i%len(reqs)]
+				s.Observe(req, s.Schedule(req, snap))
+				i++
+			}
+		})
+	}
+}
