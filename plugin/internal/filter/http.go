@@ -29,8 +29,35 @@ type httpContext struct {
 	// wasm_epp.request_us once the request is decided.
 	spent    time.Duration
 	recorded bool
-	// start is when the current callback began.
-	start time.Time
+	// start is when the current callback began (router.mono).
+	start time.Duration
+}
+
+// maxFreeContexts bounds the finished contexts a router keeps for reuse.
+const maxFreeContexts = 64
+
+// newHTTPContext returns a fresh context for a request, reusing a finished
+// one when there is one: an allocation less per request.
+func (r *router) newHTTPContext() *httpContext {
+	if n := len(r.free); n > 0 {
+		c := r.free[n-1]
+		r.free[n-1] = nil
+		r.free = r.free[:n-1]
+		*c = httpContext{r: r}
+		return c
+	}
+	return &httpContext{r: r}
+}
+
+// OnHttpStreamDone (proxy_on_log) is the stream's last callback with the
+// context (then proxy_on_done and proxy_on_delete, which the binding
+// handles), so the context can serve another request.
+func (c *httpContext) OnHttpStreamDone() {
+	r := c.r
+	if len(r.free) < maxFreeContexts {
+		*c = httpContext{r: r}
+		r.free = append(r.free, c)
+	}
 }
 
 // The request callbacks are timed: wasm_epp.request_us is the filter's own
@@ -53,13 +80,10 @@ func (c *httpContext) OnHttpRequestBody(bodySize int, endOfStream bool) types.Ac
 	return a
 }
 
-func (c *httpContext) begin() {
-	c.start = time.Now()
-	c.r.begin(c.start)
-}
+func (c *httpContext) begin() { c.start = c.r.mono() }
 
 func (c *httpContext) account() {
-	c.spent += time.Since(c.start)
+	c.spent += c.r.mono() - c.start
 	if c.finished && !c.recorded {
 		c.recorded = true
 		c.r.m.requestMicro.Record(uint64((c.spent + time.Microsecond/2) / time.Microsecond))
@@ -146,12 +170,13 @@ func (c *httpContext) OnHttpRequestTrailers(int) types.Action {
 func (c *httpContext) route(p *Parsed, m *model, body []byte, targetModel string) types.Action {
 	r := c.r
 	snap := r.snapshot()
+	start := r.setRequestTime()
 	var req *scheduler.Request
 	if p != nil {
 		req = &r.req
 		req.Model, req.TargetModel, req.Criticality = p.Model, targetModel, m.crit
 	}
-	d := r.decide(req, snap, c.start)
+	d := r.decide(req, snap, start)
 	if r.debugEnabled() {
 		c.logDecision(p, req, &d)
 	}
@@ -227,11 +252,19 @@ func (c *httpContext) replyInternal(msg string) types.Action {
 	return types.ActionPause
 }
 
-// debugEnabled asks the host for its log level, so the decision log costs
-// nothing unless debug logging is on.
+// debugEnabled tells whether the host logs at debug level, so the decision
+// log costs nothing unless it is on. The host is asked at most once per
+// logLevelRefresh of the request clock: a change of Envoy's log level (admin
+// /logging) shows within that time.
 func (r *router) debugEnabled() bool {
-	lvl, err := r.logLevel()
-	return err == nil && lvl <= proxywasm.LogLevelDebug
+	if !r.levelKnown || r.reqMono-r.levelAt >= logLevelRefresh || r.reqMono < r.levelAt {
+		lvl, err := r.logLevel()
+		if err != nil {
+			return false
+		}
+		r.level, r.levelKnown, r.levelAt = lvl, true, r.reqMono
+	}
+	return r.level <= proxywasm.LogLevelDebug
 }
 
 // logDecision writes the decision and why at debug level. Model names are

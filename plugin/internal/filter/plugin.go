@@ -16,7 +16,7 @@ import (
 type Options struct {
 	// Now is the clock for staleness and the snapshot-age gauge; nil means
 	// the wall clock (WASI clock_time_get in the .wasm), read once per
-	// request callback.
+	// scheduling decision.
 	Now func() time.Time
 	// Getenv reads VM environment variables (the receiver's push token);
 	// nil means os.Getenv (vm_config.environment_variables in Envoy).
@@ -102,7 +102,7 @@ func (p *pluginContext) NewHttpContext(contextID uint32) types.HttpContext {
 	case p.receiver != nil:
 		return p.receiver.NewHttpContext(contextID)
 	case p.router != nil:
-		return &httpContext{r: p.router}
+		return p.router.newHTTPContext()
 	}
 	// A plugin that failed to start gets no streams from Envoy; if one
 	// arrives anyway it must not pass through unrouted.

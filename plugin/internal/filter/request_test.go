@@ -208,3 +208,28 @@ func TestSpecial8(t *testing.T) {
 		require.Equal(t, want, special8(word(b)), "%q", b[:])
 	}
 }
+
+// scanString finds the end of a string, an escape or an invalid byte at
+// every offset of a long run, whichever word (of the 32- or 8-byte skips,
+// or the byte-wise tail) it falls in.
+func TestScanStringEveryOffset(t *testing.T) {
+	for n := 0; n < 100; n++ {
+		plain := strings.Repeat("é", n/2) + strings.Repeat("a", n%2) // multi-byte UTF-8 too
+		doc := []byte(plain + `"`)
+		end, esc := scanString(doc, 0)
+		require.Equal(t, len(doc), end, "closing quote after %d bytes", len(plain))
+		require.False(t, esc)
+
+		doc = []byte(plain + `\n"`)
+		end, esc = scanString(doc, 0)
+		require.Equal(t, len(doc), end, "escape after %d bytes", len(plain))
+		require.True(t, esc)
+
+		doc = []byte(plain + "\x01" + `"`)
+		end, _ = scanString(doc, 0)
+		require.Equal(t, -(len(plain) + 1), end, "control byte after %d bytes", len(plain))
+
+		end, _ = scanString([]byte(plain), 0)
+		require.Equal(t, -(len(plain) + 1), end, "unterminated after %d bytes", len(plain))
+	}
+}

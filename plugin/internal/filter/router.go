@@ -47,10 +47,20 @@ type router struct {
 	// callback started, read once (every clock read is a host call).
 	now func() time.Time
 	// reqTime is "now" for the request being handled: staleness, snapshot
-	// age. The scheduler's clock returns it.
+	// age. The scheduler's clock returns it. reqMono is mono() then.
 	reqTime time.Time
-	// logLevel asks the host for its log level.
-	logLevel func() (proxywasm.LogLevel, error)
+	reqMono time.Duration
+	// epoch is a clock reading taken at start; mono() is the time since.
+	// Clock reads are host calls in the .wasm (time.Now two: wall and
+	// monotonic clock; time.Since one), so timing uses mono() and only the
+	// request time reads the wall clock.
+	epoch time.Time
+	// logLevel asks the host for its log level; level is the last answer,
+	// asked at levelAt (mono).
+	logLevel   func() (proxywasm.LogLevel, error)
+	level      proxywasm.LogLevel
+	levelKnown bool
+	levelAt    time.Duration
 
 	models map[string]*model
 	// mayRewrite: some model has a target other than itself, so a body
@@ -74,6 +84,12 @@ type router struct {
 	// dests caches the destination header value of each endpoint of
 	// cache.snap (same index), filled on first use.
 	dests []string
+	// free holds finished request contexts for reuse (newHTTPContext).
+	free []*httpContext
+	// lastPath is the decision path counted last, with its counter.
+	lastPath        string
+	lastPathCounter proxywasm.MetricCounter
+	lastPathOK      bool
 
 	m metrics
 	// lastFailOpenWarn rate-limits the fail-open warning.
@@ -125,6 +141,7 @@ func newRouter(cfg *config.Config, opts Options) (*router, error) {
 		rnd:         rand.New(rand.NewPCG(seed1, seed2^0x5eed)),
 		now:         opts.Now,
 		logLevel:    opts.LogLevel,
+		epoch:       time.Now(),
 		models:      make(map[string]*model, len(cfg.Models)),
 		passthrough: model{crit: scheduler.Sheddable},
 		snapshotKey: cfg.SnapshotKey(),
@@ -305,22 +322,28 @@ type decision struct {
 	endpoint *scheduler.Endpoint
 }
 
-// begin starts handling a request callback that began at start (a
-// time.Now reading, used for timing): it fixes the request's clock.
-func (r *router) begin(start time.Time) {
+// logLevelRefresh is how long the host's answer about its log level is
+// kept.
+const logLevelRefresh = time.Second
+
+// mono is the monotonic time since the router started: one host call.
+func (r *router) mono() time.Duration { return time.Since(r.epoch) }
+
+// setRequestTime reads the clock for the request being decided (reqTime,
+// reqMono) and returns the mono reading.
+func (r *router) setRequestTime() time.Duration {
+	now := time.Now()
+	r.reqTime, r.reqMono = now, now.Sub(r.epoch)
 	if r.now != nil {
 		r.reqTime = r.now()
-		return
 	}
-	r.reqTime = start
+	return r.reqMono
 }
 
 // decide runs the scheduler (bodyless: least loaded) on snap, applies the
 // fail-open policy, and counts the decision path and the time it took.
-// start is when the current callback began (monotonic clock reads are
-// cheaper than time.Now).
-func (r *router) decide(req *scheduler.Request, snap *scheduler.Snapshot, start time.Time) decision {
-	before := time.Since(start)
+// start is the mono reading just before it.
+func (r *router) decide(req *scheduler.Request, snap *scheduler.Snapshot, start time.Duration) decision {
 	var res scheduler.Result
 	if req == nil {
 		res = r.sched.LeastLoaded(snap)
@@ -349,9 +372,9 @@ func (r *router) decide(req *scheduler.Request, snap *scheduler.Snapshot, start 
 	default:
 		d.outcome = outNoEndpoint
 	}
-	elapsed := time.Since(start) - before
+	elapsed := r.mono() - start
 	r.m.scheduleMicro.Record(uint64(elapsed / time.Microsecond))
-	if c, ok := r.m.paths[res.Path]; ok {
+	if c, ok := r.pathCounter(res.Path); ok {
 		c.Increment(1)
 	}
 	now := r.reqTime
@@ -369,6 +392,20 @@ func (r *router) decide(req *scheduler.Request, snap *scheduler.Snapshot, start 
 			time.Duration(r.cfg.StaleAfter))
 	}
 	return d
+}
+
+// pathCounter is the counter of a decision path; the last one is cached
+// (paths are the scheduler's constant strings, so a hit compares one
+// pointer).
+func (r *router) pathCounter(path string) (proxywasm.MetricCounter, bool) {
+	if path == r.lastPath && r.lastPathOK {
+		return r.lastPathCounter, true
+	}
+	c, ok := r.m.paths[path]
+	if ok {
+		r.lastPath, r.lastPathCounter, r.lastPathOK = path, c, true
+	}
+	return c, ok
 }
 
 // maxKeptBody and maxKeptVersion cap the read buffers a router keeps:

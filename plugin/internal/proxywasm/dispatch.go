@@ -12,18 +12,18 @@ import (
 type dispatcher struct {
 	vm      types.VMContext
 	roots   map[uint32]*rootContext
-	streams map[uint32]*streamContext
+	streams map[uint32]streamContext // by value: no allocation per stream
 	// active is the context of the callback in progress; DispatchHttpCall
 	// records it so the response is delivered back to it.
 	active uint32
 	// depth counts nested callbacks (the host never nests them in practice);
 	// host buffers are released when it returns to 0.
 	depth int
-	// lastID and last cache the stream found last: the callbacks of one
-	// request mostly arrive in a row, and a map lookup per callback is a
-	// noticeable share of a request in a Wasm guest.
+	// lastID and last cache the stream found last (lastID 0: none): the
+	// callbacks of one request mostly arrive in a row, and a map lookup per
+	// callback is a noticeable share of a request in a Wasm guest.
 	lastID uint32
-	last   *streamContext
+	last   streamContext
 }
 
 type rootContext struct {
@@ -44,7 +44,7 @@ type callout struct {
 func newDispatcher() *dispatcher {
 	return &dispatcher{
 		roots:   make(map[uint32]*rootContext),
-		streams: make(map[uint32]*streamContext),
+		streams: make(map[uint32]streamContext),
 	}
 }
 
@@ -64,7 +64,7 @@ func (d *dispatcher) root(id uint32) *rootContext {
 }
 
 func (d *dispatcher) stream(id uint32) types.HttpContext {
-	if id == d.lastID && d.last != nil {
+	if id == d.lastID && id != 0 {
 		return d.last.ctx
 	}
 	s, ok := d.streams[id]
@@ -95,7 +95,7 @@ func (d *dispatcher) contextCreate(id, parent uint32) {
 		// Only HTTP filters are supported; the SDK traps the same way.
 		panic("proxywasm: PluginContext.NewHttpContext returned nil (only HTTP filters are supported)")
 	}
-	s := &streamContext{ctx: ctx, root: parent}
+	s := streamContext{ctx: ctx, root: parent}
 	d.streams[id] = s
 	d.lastID, d.last = id, s
 }
@@ -132,7 +132,7 @@ func (d *dispatcher) httpStream(id uint32) types.HttpContext {
 
 // log handles proxy_on_log: OnHttpStreamDone for streams, nothing for roots.
 func (d *dispatcher) log(id uint32) {
-	if s := d.findStream(id); s != nil {
+	if s, ok := d.findStream(id); ok {
 		d.active = id
 		s.ctx.OnHttpStreamDone()
 	}
@@ -140,7 +140,7 @@ func (d *dispatcher) log(id uint32) {
 
 // done handles proxy_on_done: roots answer OnPluginDone, streams are done.
 func (d *dispatcher) done(id uint32) bool {
-	if id == d.lastID && d.last != nil {
+	if id == d.lastID && id != 0 {
 		return true // a stream, the usual case
 	}
 	if r, ok := d.roots[id]; ok {
@@ -154,18 +154,19 @@ func (d *dispatcher) done(id uint32) bool {
 // context whose creation trapped. Deleting a root drops its pending callouts.
 func (d *dispatcher) delete(id uint32) {
 	if id == d.lastID {
-		d.lastID, d.last = 0, nil
+		d.lastID, d.last = 0, streamContext{}
 	}
 	delete(d.streams, id)
 	delete(d.roots, id)
 }
 
-// findStream returns the stream context id, or nil.
-func (d *dispatcher) findStream(id uint32) *streamContext {
-	if id == d.lastID && d.last != nil {
-		return d.last
+// findStream returns the stream context id.
+func (d *dispatcher) findStream(id uint32) (streamContext, bool) {
+	if id == d.lastID && id != 0 {
+		return d.last, true
 	}
-	return d.streams[id]
+	s, ok := d.streams[id]
+	return s, ok
 }
 
 // registerCallout remembers the callback of an HTTP call made by the active
