@@ -38,6 +38,7 @@ var (
 	_ func() ([][2]string, error)                    = GetHttpRequestHeaders
 	_ func([][2]string) error                        = ReplaceHttpRequestHeaders
 	_ func(string) (string, error)                   = GetHttpRequestHeader
+	_ func([]byte, string) ([]byte, error)           = GetHttpRequestHeaderInto
 	_ func(string) error                             = RemoveHttpRequestHeader
 	_ func(string, string) error                     = ReplaceHttpRequestHeader
 	_ func(string, string) error                     = AddHttpRequestHeader

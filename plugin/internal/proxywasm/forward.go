@@ -162,6 +162,16 @@ func ReplaceHttpRequestHeaders(headers [][2]string) error {
 // GetHttpRequestHeader forwards to the SDK.
 func GetHttpRequestHeader(key string) (string, error) { return sdk.GetHttpRequestHeader(key) }
 
+// GetHttpRequestHeaderInto is GetHttpRequestHeader as bytes, copied into
+// buf's storage when they fit.
+func GetHttpRequestHeaderInto(buf []byte, key string) ([]byte, error) {
+	v, err := sdk.GetHttpRequestHeader(key)
+	if err != nil {
+		return nil, err
+	}
+	return into(buf, []byte(v)), nil
+}
+
 // RemoveHttpRequestHeader forwards to the SDK.
 func RemoveHttpRequestHeader(key string) error { return sdk.RemoveHttpRequestHeader(key) }
 

@@ -4,6 +4,7 @@ package proxywasm
 
 import (
 	"testing"
+	"unsafe"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -121,4 +122,32 @@ func TestForwardPropertiesAndCallbacks(t *testing.T) {
 	callouts := host.GetCalloutAttributesFromContext(id)
 	require.Len(t, callouts, 1)
 	assert.NotPanics(t, func() { host.CallOnHttpCallResponse(callouts[0].CalloutID, nil, nil, nil) })
+}
+
+// The *Into functions return the data in the caller's storage when it
+// fits, and in a fresh slice when it does not.
+func TestForwardInto(t *testing.T) {
+	small, big, other := make([]byte, 0, 4), make([]byte, 0, 64), make([]byte, 0, 64)
+	var bodySmall, bodyBig, hdr, shared []byte
+	var hdrErr, missingErr, sharedErr error
+	p := &probe{onBody: func() {
+		bodySmall, _ = GetHttpRequestBodyInto(small, 0, 100)
+		bodyBig, _ = GetHttpRequestBodyInto(big, 0, 100)
+		hdr, hdrErr = GetHttpRequestHeaderInto(small, ":path")
+		_, missingErr = GetHttpRequestHeaderInto(small, "absent")
+		require.NoError(t, SetSharedData("k", []byte("value"), 0))
+		shared, _, sharedErr = GetSharedDataInto(other, "k")
+	}}
+	runProbe(t, proxytest.NewEmulatorOption(), p, []byte("a body"))
+	assert.Equal(t, "a body", string(bodySmall))
+	assert.NotSame(t, unsafe.SliceData(small[:1]), unsafe.SliceData(bodySmall), "too big for small")
+	assert.Equal(t, "a body", string(bodyBig))
+	assert.Same(t, unsafe.SliceData(big[:1]), unsafe.SliceData(bodyBig))
+	require.NoError(t, hdrErr)
+	assert.Equal(t, "/", string(hdr))
+	assert.Same(t, unsafe.SliceData(small[:1]), unsafe.SliceData(hdr))
+	assert.ErrorIs(t, missingErr, types.ErrorStatusNotFound)
+	require.NoError(t, sharedErr)
+	assert.Equal(t, "value", string(shared))
+	assert.Same(t, unsafe.SliceData(other[:1]), unsafe.SliceData(shared))
 }

@@ -196,16 +196,18 @@ func ReplaceHttpResponseBody(data []byte) error {
 // request touches memory that is already warm instead of a new allocation.
 func GetHttpRequestBodyInto(buf []byte, start, maxSize int) ([]byte, error) {
 	buffers.offer(buf)
-	defer buffers.offer(nil)
-	return getBuffer(bufferHttpRequestBody, start, maxSize)
+	b, err := getBuffer(bufferHttpRequestBody, start, maxSize)
+	buffers.offer(nil) // no defer: a panic traps the VM anyway
+	return b, err
 }
 
 // GetHttpResponseBodyInto is GetHttpResponseBody into buf's storage when it
 // fits (see GetHttpRequestBodyInto).
 func GetHttpResponseBodyInto(buf []byte, start, maxSize int) ([]byte, error) {
 	buffers.offer(buf)
-	defer buffers.offer(nil)
-	return getBuffer(bufferHttpResponseBody, start, maxSize)
+	b, err := getBuffer(bufferHttpResponseBody, start, maxSize)
+	buffers.offer(nil)
+	return b, err
 }
 
 // GetHttpCallResponseBody returns the body of the HTTP call response; only in
@@ -271,6 +273,19 @@ func ReplaceHttpRequestHeaders(headers [][2]string) error {
 // GetHttpRequestHeader returns the first value of key ("" with nil error for an
 // empty value; ErrorStatusNotFound when absent).
 func GetHttpRequestHeader(key string) (string, error) { return getMapValue(mapHttpRequestHeaders, key) }
+
+// GetHttpRequestHeaderInto is GetHttpRequestHeader returning the value as
+// bytes, read into buf's storage when it fits (see GetHttpRequestBodyInto):
+// a header read on every request then allocates nothing.
+func GetHttpRequestHeaderInto(buf []byte, key string) ([]byte, error) {
+	buffers.offer(buf)
+	st := proxyGetHeaderMapValue(mapHttpRequestHeaders, stringData(key), uint32(len(key)), &retData, &retSize)
+	buffers.offer(nil)
+	if err := statusToError(st); err != nil {
+		return nil, err
+	}
+	return takeReturned()
+}
 
 // RemoveHttpRequestHeader removes every value of key (no error when absent).
 func RemoveHttpRequestHeader(key string) error { return removeMapValue(mapHttpRequestHeaders, key) }
@@ -445,8 +460,9 @@ func GetSharedData(key string) (value []byte, cas uint32, err error) {
 // when it fits in cap(buf) (see GetHttpRequestBodyInto).
 func GetSharedDataInto(buf []byte, key string) (value []byte, cas uint32, err error) {
 	buffers.offer(buf)
-	defer buffers.offer(nil)
-	return GetSharedData(key)
+	value, cas, err = GetSharedData(key)
+	buffers.offer(nil)
+	return value, cas, err
 }
 
 // SetSharedData stores data under key. A non-zero cas must match the stored
@@ -520,9 +536,17 @@ func metricValue(id uint32) uint64 {
 }
 
 func incrementMetric(id uint32, offset int64) {
-	if err := statusToError(proxyIncrementMetric(id, offset)); err != nil {
-		panic("proxywasm: increment metric: " + err.Error())
+	if st := proxyIncrementMetric(id, offset); st != 0 {
+		metricPanic("increment", st)
 	}
+}
+
+// metricPanic is the SDK's reaction to a refused metric call, out of line
+// so the metric calls on every request stay small.
+//
+//go:noinline
+func metricPanic(what string, status uint32) {
+	panic("proxywasm: " + what + " metric: " + statusToError(status).Error())
 }
 
 // DefineCounterMetric defines (or finds) a counter. Like the SDK it panics
@@ -560,7 +584,7 @@ func (m MetricHistogram) Value() uint64 { return metricValue(uint32(m)) }
 
 // Record records value in the histogram.
 func (m MetricHistogram) Record(value uint64) {
-	if err := statusToError(proxyRecordMetric(uint32(m), value)); err != nil {
-		panic("proxywasm: record metric: " + err.Error())
+	if st := proxyRecordMetric(uint32(m), value); st != 0 {
+		metricPanic("record", st)
 	}
 }

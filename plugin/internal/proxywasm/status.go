@@ -59,9 +59,19 @@ func (e StatusError) Error() string {
 // statusToError maps a host status to the SDK's error values, so plugin code
 // compares errors the same way in both builds.
 func statusToError(status uint32) error {
-	switch status {
-	case statusOK:
+	if status == statusOK {
 		return nil
+	}
+	return statusError(status)
+}
+
+// statusError is statusToError for a failure, out of line: statusToError
+// is inlined at every host call, and a Wasm guest pays for every byte of
+// code on its request path.
+//
+//go:noinline
+func statusError(status uint32) error {
+	switch status {
 	case statusNotFound:
 		return types.ErrorStatusNotFound
 	case statusBadArgument:
