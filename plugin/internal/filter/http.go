@@ -2,7 +2,7 @@ package filter
 
 import (
 	"fmt"
-	"strconv"
+	"math"
 	"time"
 
 	"github.com/tetratelabs/proxy-wasm-go-sdk/proxywasm/types"
@@ -105,8 +105,8 @@ func (c *httpContext) onRequestHeaders(endOfStream bool) types.Action {
 		}
 		return c.route(nil, nil, nil, "")
 	}
-	if cl, err := proxywasm.GetHttpRequestHeader("content-length"); err == nil && cl != "" {
-		if n, err := strconv.ParseUint(cl, 10, 64); err == nil && n > uint64(r.cfg.MaxBodyBytes) {
+	if cl, err := proxywasm.GetHttpRequestHeaderInto(r.headerBuf[:0], "content-length"); err == nil {
+		if n, ok := parseDecimal(cl); ok && n > uint64(r.cfg.MaxBodyBytes) {
 			return c.replyTooLarge()
 		}
 	}
@@ -133,21 +133,16 @@ func (c *httpContext) onRequestBody(bodySize int, endOfStream bool) types.Action
 	}
 	body, err := r.readBody(bodySize)
 	if err != nil {
-		return c.replyInternal(fmt.Sprintf("cannot read the request body: %v", err))
+		return c.failInternal("cannot read the request body", err)
 	}
-	p, err := ParseRequest(body, r.cfg.MaxModelNameLength)
+	p, err := parseRequest(body, r.cfg.MaxModelNameLength, r.knownModel)
 	if err != nil {
 		return c.replyBadRequest(err.(*RequestError))
 	}
 	m, ok := r.models[p.Model]
 	if !ok {
 		if r.cfg.UnknownModels != "passthrough" {
-			c.finish(outUnknownModel)
-			// p.Model passed ValidModelName (no control characters,
-			// bounded) and is JSON-escaped in the body.
-			sendError(404, "wasm_epp_unknown_model", "invalid_request_error", "model_not_found",
-				fmt.Sprintf("The model %q does not exist", p.Model))
-			return types.ActionPause
+			return c.replyUnknownModel(p.Model)
 		}
 		m = &r.passthrough
 	}
@@ -198,17 +193,34 @@ func (c *httpContext) route(p *Parsed, m *model, body []byte, targetModel string
 
 	if p != nil && targetModel != p.Model {
 		if err := proxywasm.ReplaceHttpRequestBody(spliceModel(body, p, targetModel)); err != nil {
-			return c.replyInternal(fmt.Sprintf("cannot rewrite the request body: %v", err))
+			return c.failInternal("cannot rewrite the request body", err)
 		}
 	}
 	if err := proxywasm.ReplaceHttpRequestHeader(r.cfg.DestinationHeader, r.destinationOf(snap, d.endpoint)); err != nil {
-		return c.replyInternal(fmt.Sprintf("cannot set the destination header: %v", err))
+		return c.failInternal("cannot set the destination header", err)
 	}
 	if r.cfg.ServedByHeader != "" {
 		c.servedBy = d.endpoint.ID.String()
 	}
 	c.finish(d.outcome)
 	return types.ActionContinue
+}
+
+// parseDecimal parses a Content-Length value (digits only; Envoy has
+// already refused malformed ones). It allocates nothing, unlike
+// strconv.ParseUint on a converted string.
+func parseDecimal(b []byte) (uint64, bool) {
+	if len(b) == 0 {
+		return 0, false
+	}
+	var n uint64
+	for _, c := range b {
+		if c < '0' || c > '9' || n > (math.MaxUint64-9)/10 {
+			return 0, false // not a number, or too big for a uint64
+		}
+		n = n*10 + uint64(c-'0')
+	}
+	return n, true
 }
 
 // spliceModel returns body with the "model" string token replaced by
@@ -232,12 +244,14 @@ func (c *httpContext) finish(o outcome) {
 	c.r.count(o)
 }
 
+//go:noinline
 func (c *httpContext) replyBadRequest(e *RequestError) types.Action {
 	c.finish(outBadRequest)
 	sendError(400, "wasm_epp_bad_request", "invalid_request_error", string(e.Reason), e.Msg)
 	return types.ActionPause
 }
 
+//go:noinline
 func (c *httpContext) replyTooLarge() types.Action {
 	c.finish(outTooLarge)
 	sendError(413, "wasm_epp_too_large", "invalid_request_error", "request_too_large",
@@ -245,6 +259,27 @@ func (c *httpContext) replyTooLarge() types.Action {
 	return types.ActionPause
 }
 
+// The replies below are kept out of line (go:noinline): the request path
+// of a Wasm guest pays for every byte of code it runs through, and error
+// formatting inlined into it would spread its hot code over more cache
+// lines.
+
+//go:noinline
+func (c *httpContext) replyUnknownModel(model string) types.Action {
+	c.finish(outUnknownModel)
+	// model passed ValidModelName (no control characters, bounded) and is
+	// JSON-escaped in the body.
+	sendError(404, "wasm_epp_unknown_model", "invalid_request_error", "model_not_found",
+		fmt.Sprintf("The model %q does not exist", model))
+	return types.ActionPause
+}
+
+//go:noinline
+func (c *httpContext) failInternal(what string, err error) types.Action {
+	return c.replyInternal(what + ": " + err.Error())
+}
+
+//go:noinline
 func (c *httpContext) replyInternal(msg string) types.Action {
 	c.finish(outInternal)
 	proxywasm.LogErrorf("wasm-epp: %s", msg)

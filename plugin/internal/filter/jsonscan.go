@@ -65,9 +65,6 @@ func scanJSON(doc []byte, onMember func(m member) bool) (ok bool, err *jsonError
 		depth++
 		return true
 	}
-	fail := func(kind jsonErrorKind, at int) (bool, *jsonError) {
-		return false, &jsonError{kind: kind, offset: at}
-	}
 
 	n := len(doc)
 	i := skipSpace(doc, 0)
@@ -79,12 +76,12 @@ func scanJSON(doc []byte, onMember func(m member) bool) (ok bool, err *jsonError
 	for {
 		i = skipSpace(doc, i)
 		if i >= n {
-			return fail(jsonSyntax, i)
+			return scanFailure(jsonSyntax, i)
 		}
 		switch c := doc[i]; {
 		case c == '{':
 			if !push(true) {
-				return fail(jsonTooDeep, i)
+				return scanFailure(jsonTooDeep, i)
 			}
 			i = skipSpace(doc, i+1)
 			if i < n && doc[i] == '}' {
@@ -99,7 +96,7 @@ func scanJSON(doc []byte, onMember func(m member) bool) (ok bool, err *jsonError
 			continue // the member's value comes next
 		case c == '[':
 			if !push(false) {
-				return fail(jsonTooDeep, i)
+				return scanFailure(jsonTooDeep, i)
 			}
 			i = skipSpace(doc, i+1)
 			if i < n && doc[i] == ']' {
@@ -111,32 +108,32 @@ func scanJSON(doc []byte, onMember func(m member) bool) (ok bool, err *jsonError
 		case c == '"':
 			end, _ := scanString(doc, i+1)
 			if end < 0 {
-				return fail(jsonSyntax, -end-1)
+				return scanFailure(jsonSyntax, -end-1)
 			}
 			i = end
 		case c == '-' || (c >= '0' && c <= '9'):
 			end := scanNumber(doc, i)
 			if end < 0 {
-				return fail(jsonSyntax, -end-1)
+				return scanFailure(jsonSyntax, -end-1)
 			}
 			i = end
 		case c == 't':
 			if !hasLiteral(doc, i, "true") {
-				return fail(jsonSyntax, i)
+				return scanFailure(jsonSyntax, i)
 			}
 			i += 4
 		case c == 'f':
 			if !hasLiteral(doc, i, "false") {
-				return fail(jsonSyntax, i)
+				return scanFailure(jsonSyntax, i)
 			}
 			i += 5
 		case c == 'n':
 			if !hasLiteral(doc, i, "null") {
-				return fail(jsonSyntax, i)
+				return scanFailure(jsonSyntax, i)
 			}
 			i += 4
 		default:
-			return fail(jsonSyntax, i)
+			return scanFailure(jsonSyntax, i)
 		}
 
 		// A value ended at i. Close containers and find the next value.
@@ -151,13 +148,13 @@ func scanJSON(doc []byte, onMember func(m member) bool) (ok bool, err *jsonError
 			if depth == 0 {
 				i = skipSpace(doc, i)
 				if i != n {
-					return fail(jsonTrailing, i)
+					return scanFailure(jsonTrailing, i)
 				}
 				return true, nil
 			}
 			i = skipSpace(doc, i)
 			if i >= n {
-				return fail(jsonSyntax, i)
+				return scanFailure(jsonSyntax, i)
 			}
 			c := doc[i]
 			if c == ',' {
@@ -175,9 +172,17 @@ func scanJSON(doc []byte, onMember func(m member) bool) (ok bool, err *jsonError
 				i++
 				continue // the container is a value that just ended
 			}
-			return fail(jsonSyntax, i)
+			return scanFailure(jsonSyntax, i)
 		}
 	}
+}
+
+// scanFailure is a failed scan: out of line, so the dozen places that
+// fail do not each carry the allocation's code (see replyUnknownModel).
+//
+//go:noinline
+func scanFailure(kind jsonErrorKind, at int) (bool, *jsonError) {
+	return false, &jsonError{kind: kind, offset: at}
 }
 
 // scanKey parses `"key" :` at i (which is past any whitespace) and returns

@@ -84,8 +84,37 @@ type RequestError struct {
 
 func (e *RequestError) Error() string { return e.Msg }
 
+// badRequest builds a refusal. It and the other helpers of error paths are
+// kept out of line (go:noinline): the request path of a Wasm guest pays for
+// every byte of code it runs through (see replyUnknownModel).
+//
+//go:noinline
 func badRequest(r Reason, format string, args ...any) *RequestError {
 	return &RequestError{Reason: r, Msg: fmt.Sprintf(format, args...)}
+}
+
+// badRequestInt, badRequestInts, badRequestStr and badRequestType are
+// badRequest with typed arguments: a call site then passes plain values
+// instead of building a []any.
+//
+//go:noinline
+func badRequestInt(r Reason, format string, n int) *RequestError { return badRequest(r, format, n) }
+
+//go:noinline
+func badRequestInts(r Reason, format string, a, b int) *RequestError {
+	return badRequest(r, format, a, b)
+}
+
+//go:noinline
+func badRequestStr(r Reason, format string, s string) *RequestError {
+	return badRequest(r, format, s)
+}
+
+// badRequestType names the JSON type of the value starting with c.
+//
+//go:noinline
+func badRequestType(r Reason, format string, c byte) *RequestError {
+	return badRequest(r, format, jsonType(c))
 }
 
 // The top-level fields the filter reads. A duplicate of any of them is
@@ -111,6 +140,13 @@ var fieldNames = [numFields]string{"model", "stream", "prompt", "messages"}
 // one pass validates it and finds the top-level fields, and only the model
 // string is decoded.
 func ParseRequest(body []byte, maxModelLen int) (Parsed, error) {
+	return parseRequest(body, maxModelLen, nil)
+}
+
+// parseRequest is ParseRequest. known, when not nil, returns a string equal
+// to an unescaped model name the caller already holds (the configured
+// names), so that the usual request allocates nothing for it.
+func parseRequest(body []byte, maxModelLen int, known func([]byte) (string, bool)) (Parsed, error) {
 	if len(body) == 0 {
 		return Parsed{}, badRequest(ReasonEmptyBody, "the request body is empty: expected a JSON object with a \"model\" field")
 	}
@@ -131,15 +167,15 @@ func ParseRequest(body []byte, maxModelLen int) (Parsed, error) {
 	})
 	switch {
 	case dup >= 0:
-		return Parsed{}, badRequest(ReasonDuplicateKey, "the field %q appears more than once in the request body", fieldNames[dup])
+		return Parsed{}, badRequestStr(ReasonDuplicateKey, "the field %q appears more than once in the request body", fieldNames[dup])
 	case jerr != nil:
 		switch jerr.kind {
 		case jsonTrailing:
-			return Parsed{}, badRequest(ReasonTrailingData, "the request body has data after the JSON value (at byte %d)", jerr.offset)
+			return Parsed{}, badRequestInt(ReasonTrailingData, "the request body has data after the JSON value (at byte %d)", jerr.offset)
 		case jsonTooDeep:
-			return Parsed{}, badRequest(ReasonTooDeep, "the request body nests deeper than %d levels", maxJSONDepth)
+			return Parsed{}, badRequestInt(ReasonTooDeep, "the request body nests deeper than %d levels", maxJSONDepth)
 		}
-		return Parsed{}, badRequest(ReasonInvalidJSON, "the request body is not valid JSON (error at byte %d of %d)", jerr.offset, len(body))
+		return Parsed{}, badRequestInts(ReasonInvalidJSON, "the request body is not valid JSON (error at byte %d of %d)", jerr.offset, len(body))
 	case !ok:
 		return Parsed{}, errors.New("unreachable: scan stopped without a reason")
 	}
@@ -154,21 +190,28 @@ func ParseRequest(body []byte, maxModelLen int) (Parsed, error) {
 	m := spans[fieldModel]
 	raw := body[m.start:m.end]
 	if raw[0] != '"' {
-		return Parsed{}, badRequest(ReasonModelNotString, "\"model\" must be a string, not %s", jsonType(raw[0]))
+		return Parsed{}, badRequestType(ReasonModelNotString, "\"model\" must be a string, not %s", raw[0])
 	}
 	// A decoded string is at least a sixth of its escaped form (\uXXXX is
 	// 6 bytes for at most 3), so a long token is refused before decoding.
 	if len(raw)-2 > 6*maxModelLen {
-		return Parsed{}, badRequest(ReasonModelTooLong, "\"model\" is longer than %d bytes", maxModelLen)
+		return Parsed{}, badRequestInt(ReasonModelTooLong, "\"model\" is longer than %d bytes", maxModelLen)
 	}
-	p.Model = decodeString(raw, bytes.IndexByte(raw, '\\') >= 0)
+	escaped := bytes.IndexByte(raw, '\\') >= 0
+	var isKnown bool
+	if known != nil && !escaped {
+		p.Model, isKnown = known(raw[1 : len(raw)-1])
+	}
+	if !isKnown {
+		p.Model = decodeString(raw, escaped)
+	}
 	p.ModelStart, p.ModelEnd = m.start, m.end
 	if err := config.ValidModelName(p.Model, maxModelLen); err != nil {
 		switch {
 		case errors.Is(err, config.ErrNameEmpty):
 			return Parsed{}, badRequest(ReasonEmptyModel, "\"model\" must not be empty")
 		case errors.Is(err, config.ErrNameTooLong):
-			return Parsed{}, badRequest(ReasonModelTooLong, "\"model\" is longer than %d bytes", maxModelLen)
+			return Parsed{}, badRequestInt(ReasonModelTooLong, "\"model\" is longer than %d bytes", maxModelLen)
 		}
 		// Never echo the name: it holds control characters.
 		return Parsed{}, badRequest(ReasonInvalidModel, "\"model\" contains a control character or invalid UTF-8")
@@ -181,20 +224,20 @@ func ParseRequest(body []byte, maxModelLen int) (Parsed, error) {
 			p.Stream = true
 		case "false", "null":
 		default:
-			return Parsed{}, badRequest(ReasonInvalidField, "\"stream\" must be a boolean, not %s", jsonType(body[s.start]))
+			return Parsed{}, badRequestType(ReasonInvalidField, "\"stream\" must be a boolean, not %s", body[s.start])
 		}
 	}
 	if seen[fieldMessages] {
 		s := spans[fieldMessages]
 		if body[s.start] != '[' {
-			return Parsed{}, badRequest(ReasonInvalidField, "\"messages\" must be an array, not %s", jsonType(body[s.start]))
+			return Parsed{}, badRequestType(ReasonInvalidField, "\"messages\" must be an array, not %s", body[s.start])
 		}
 		p.Kind, p.PromptBytes = KindChat, s.end-s.start
 	}
 	if seen[fieldPrompt] {
 		s := spans[fieldPrompt]
 		if c := body[s.start]; c != '"' && c != '[' {
-			return Parsed{}, badRequest(ReasonInvalidField, "\"prompt\" must be a string or an array, not %s", jsonType(c))
+			return Parsed{}, badRequestType(ReasonInvalidField, "\"prompt\" must be a string or an array, not %s", c)
 		}
 		if p.Kind == KindOther {
 			p.Kind, p.PromptBytes = KindCompletion, s.end-s.start
@@ -234,6 +277,8 @@ func fieldOf(body []byte, m member) int {
 }
 
 // decodeString returns the value of a valid JSON string token.
+//
+//go:noinline
 func decodeString(tok []byte, escaped bool) string {
 	if !escaped {
 		return string(tok[1 : len(tok)-1])
@@ -244,6 +289,8 @@ func decodeString(tok []byte, escaped bool) string {
 }
 
 // jsonType names the JSON type of a value from its first byte.
+//
+//go:noinline
 func jsonType(c byte) string {
 	switch c {
 	case '{':

@@ -6,8 +6,10 @@ import (
 	"encoding/json"
 	"errors"
 	"math/rand/v2"
+	"strconv"
 	"strings"
 	"testing"
+	"unsafe"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -231,5 +233,52 @@ func TestScanStringEveryOffset(t *testing.T) {
 
 		end, _ = scanString([]byte(plain), 0)
 		require.Equal(t, -(len(plain) + 1), end, "unterminated after %d bytes", len(plain))
+	}
+}
+
+// A configured model name is taken from the router's own string: parsing a
+// request allocates nothing. Escaped or unknown names are decoded.
+func TestParseRequestKnownModel(t *testing.T) {
+	const name = "sql-lora"
+	known := func(b []byte) (string, bool) {
+		if string(b) == name {
+			return name, true
+		}
+		return "", false
+	}
+	body := []byte(`{"model":"sql-lora","messages":[{"role":"user","content":"hi"}]}`)
+	p, err := parseRequest(body, testMaxModelLen, known)
+	require.NoError(t, err)
+	assert.Equal(t, name, p.Model)
+	assert.Equal(t, unsafe.StringData(name), unsafe.StringData(p.Model), "the known string itself")
+	assert.Zero(t, testing.AllocsPerRun(100, func() { _, _ = parseRequest(body, testMaxModelLen, known) }))
+
+	p, err = parseRequest([]byte(`{"model":"sql-\u006cora"}`), testMaxModelLen, known)
+	require.NoError(t, err)
+	assert.Equal(t, name, p.Model, "escaped: decoded")
+	p, err = parseRequest([]byte(`{"model":"other"}`), testMaxModelLen, known)
+	require.NoError(t, err)
+	assert.Equal(t, "other", p.Model)
+	_, err = parseRequest([]byte(`{"model":""}`), testMaxModelLen, known)
+	require.Error(t, err, "empty is still refused")
+}
+
+func TestParseDecimal(t *testing.T) {
+	for _, tc := range []struct {
+		in   string
+		want uint64
+		ok   bool
+	}{
+		{"0", 0, true}, {"4096", 4096, true}, {"000123", 123, true},
+		{"18446744073709551609", 18446744073709551609, true},
+		{"", 0, false}, {"-1", 0, false}, {"1 ", 0, false}, {"0x10", 0, false},
+		{"99999999999999999999", 0, false}, {"18446744073709551615", 0, false},
+	} {
+		n, ok := parseDecimal([]byte(tc.in))
+		assert.Equal(t, tc.ok, ok, tc.in)
+		assert.Equal(t, tc.want, n, tc.in)
+		if ref, err := strconv.ParseUint(tc.in, 10, 64); err == nil && ok {
+			assert.Equal(t, ref, n, tc.in)
+		}
 	}
 }

@@ -63,6 +63,8 @@ type router struct {
 	levelAt    time.Duration
 
 	models map[string]*model
+	// knownModel finds a configured name by its bytes (parseRequest).
+	knownModel func([]byte) (string, bool)
 	// mayRewrite: some model has a target other than itself, so a body
 	// may change and Content-Length must go.
 	mayRewrite bool
@@ -81,6 +83,8 @@ type router struct {
 	// guest is most of the cost of reading them. Nothing read into them
 	// outlives the callback.
 	bodyBuf, versionBuf []byte
+	// headerBuf is where Content-Length is read.
+	headerBuf []byte
 	// dests caches the destination header value of each endpoint of
 	// cache.snap (same index), filled on first use.
 	dests []string
@@ -99,6 +103,7 @@ type router struct {
 
 // model is one configured model name.
 type model struct {
+	name string
 	crit scheduler.Criticality
 	// targets is empty when the model serves itself.
 	targets []target
@@ -142,6 +147,7 @@ func newRouter(cfg *config.Config, opts Options) (*router, error) {
 		now:         opts.Now,
 		logLevel:    opts.LogLevel,
 		epoch:       time.Now(),
+		headerBuf:   make([]byte, 0, 32),
 		models:      make(map[string]*model, len(cfg.Models)),
 		passthrough: model{crit: scheduler.Sheddable},
 		snapshotKey: cfg.SnapshotKey(),
@@ -159,7 +165,7 @@ func newRouter(cfg *config.Config, opts Options) (*router, error) {
 	}
 	r.sched = s
 	for _, m := range cfg.Models {
-		md := &model{crit: criticality(m.Criticality)}
+		md := &model{name: m.Name, crit: criticality(m.Criticality)}
 		for _, t := range m.Targets {
 			if t.Weight == 0 {
 				continue // configured but switched off
@@ -171,6 +177,12 @@ func newRouter(cfg *config.Config, opts Options) (*router, error) {
 			}
 		}
 		r.models[m.Name] = md
+	}
+	r.knownModel = func(b []byte) (string, bool) {
+		if m, ok := r.models[string(b)]; ok { // no allocation for the lookup
+			return m.name, true
+		}
+		return "", false
 	}
 	r.defineMetrics()
 	return r, nil
@@ -277,7 +289,7 @@ func (r *router) snapshot() *scheduler.Snapshot {
 		r.cache.valid, r.cache.version = true, append(r.cache.version[:0], v...)
 		return r.cache.snap
 	case err != nil && !errors.Is(err, types.ErrorStatusNotFound):
-		proxywasm.LogErrorf("wasm-epp: cannot read shared data %q: %v", r.versionKey, err)
+		logSharedDataError(r.versionKey, err)
 	}
 	// No version key (a writer that only writes the snapshot): fall back to
 	// the snapshot's own cas, at the price of copying it on every request.
@@ -388,10 +400,22 @@ func (r *router) decide(req *scheduler.Request, snap *scheduler.Snapshot, start 
 	}
 	if d.outcome == outFailOpen && now.Sub(r.lastFailOpenWarn) >= 10*time.Second {
 		r.lastFailOpenWarn = now
-		proxywasm.LogWarnf("wasm-epp: every endpoint's metrics are older than %s: failing open to random endpoints (counted in wasm_epp.requests.fail_open; this warning repeats at most every 10s)",
-			time.Duration(r.cfg.StaleAfter))
+		r.warnFailOpen()
 	}
 	return d
+}
+
+// Logging is kept out of line: see replyUnknownModel.
+
+//go:noinline
+func logSharedDataError(key string, err error) {
+	proxywasm.LogErrorf("wasm-epp: cannot read shared data %q: %v", key, err)
+}
+
+//go:noinline
+func (r *router) warnFailOpen() {
+	proxywasm.LogWarnf("wasm-epp: every endpoint's metrics are older than %s: failing open to random endpoints (counted in wasm_epp.requests.fail_open; this warning repeats at most every 10s)",
+		time.Duration(r.cfg.StaleAfter))
 }
 
 // pathCounter is the counter of a decision path; the last one is cached
