@@ -392,7 +392,10 @@ var proxyImpls = map[string]hostImpl{
 		if length > 0 {
 			out = data[start : start+length]
 		}
-		if !vm.copyOut(append([]byte(nil), out...), u32(s[3]), u32(s[4])) {
+		// Copied straight from the buffer, as cpp-host copyToPointerSize
+		// does: the allocator that runs meanwhile cannot change it (the
+		// buffer calls are not on its allow-list, and vm.mu is held).
+		if !vm.copyOut(out, u32(s[3]), u32(s[4])) {
 			ret(s, ResultInvalidMemoryAccess)
 			return
 		}

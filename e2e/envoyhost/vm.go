@@ -166,8 +166,13 @@ type VM struct {
 	inst   api.Module
 	mem    api.Memory
 	fns    map[string]api.Function
-	abi    ABIVersion
-	log    *slog.Logger
+	// allocName and allocFn are the allocator the host calls to return
+	// data: malloc, else proxy_on_memory_allocate (found once: it runs
+	// for every host call that returns data).
+	allocName string
+	allocFn   api.Function
+	abi       ABIVersion
+	log       *slog.Logger
 
 	mu       sync.Mutex
 	fail     FailState
@@ -245,6 +250,11 @@ func (h *Host) newVM(g *vmGroup, thread string) (*VM, error) {
 	for name := range g.mod.compiled.ExportedFunctions() {
 		vm.fns[name] = inst.ExportedFunction(name)
 	}
+	vm.allocName = "malloc"
+	if vm.fns[vm.allocName] == nil {
+		vm.allocName = "proxy_on_memory_allocate"
+	}
+	vm.allocFn = vm.fns[vm.allocName]
 	vm.mu.Lock()
 	defer vm.mu.Unlock()
 	if err := vm.startVM(); err != nil {
@@ -312,10 +322,14 @@ func (r restrictedCallback) Error() string { return "restricted_callback: " + r.
 // SaveRestoreContext: the effective context is reset for the call). A
 // trap marks the VM failed for good. vm.mu must be held.
 func (vm *VM) callRaw(c *wasmContext, name string, args ...uint64) (uint64, error) {
+	return vm.callFn(c, name, vm.fns[name], args...)
+}
+
+// callFn is callRaw with the export already looked up.
+func (vm *VM) callFn(c *wasmContext, name string, fn api.Function, args ...uint64) (uint64, error) {
 	if vm.fail != FailOK || vm.closed {
 		return 0, errVMFailed
 	}
-	fn := vm.fns[name]
 	if fn == nil {
 		return 0, fmt.Errorf("missing export %s", name)
 	}
@@ -405,16 +419,12 @@ func (vm *VM) allocContextID() uint32 {
 // callable meanwhile (cpp-host WasmBase::allocMemory; it switches
 // restriction off afterwards, whatever it was before).
 func (vm *VM) alloc(size uint32) (uint32, bool) {
-	name := "malloc"
-	if vm.fns[name] == nil {
-		name = "proxy_on_memory_allocate"
-	}
 	if vm.host.cfg.WASIProfile == WASILegacy {
 		vm.allowed = allocAllowedLegacySet
 	} else {
 		vm.allowed = allocAllowedCurrentSet
 	}
-	p, err := vm.callRaw(vm.vmContext, name, uint64(size))
+	p, err := vm.callFn(vm.vmContext, vm.allocName, vm.allocFn, uint64(size))
 	vm.allowed = nil
 	if err != nil || p == 0 {
 		return 0, false
@@ -458,8 +468,15 @@ func (vm *VM) read(ptr, size uint32) ([]byte, bool) {
 }
 
 func (vm *VM) readString(ptr, size uint32) (string, bool) {
-	b, ok := vm.read(ptr, size)
-	return string(b), ok
+	if size == 0 {
+		_, ok := vm.read(ptr, size)
+		return "", ok
+	}
+	b, ok := vm.mem.Read(ptr, size)
+	if !ok {
+		return "", false
+	}
+	return string(b), true // one copy, straight from guest memory
 }
 
 // closeLocked tears the VM down: timers stop, the instance is closed.
