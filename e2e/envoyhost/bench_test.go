@@ -2,9 +2,12 @@ package envoyhost
 
 import (
 	"bytes"
+	"fmt"
 	"io"
 	"net/http"
+	"net/netip"
 	"os"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -12,6 +15,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/wasm-epp/wasm-epp/e2e/internal/wasmbuild"
+	"github.com/wasm-epp/wasm-epp/plugin/config"
+	"github.com/wasm-epp/wasm-epp/scheduler/wire"
 )
 
 // The main plugin, like the test plugin, imports only what cpp-host offers
@@ -121,4 +126,74 @@ func BenchmarkFilterCallbacksTrivialPlugin(b *testing.B) {
 	b.StopTimer()
 	require.False(b, vm.Failed())
 	b.ReportMetric(float64(b.Elapsed().Microseconds())/float64(b.N), "µs/req")
+}
+
+// BenchmarkFilterCallbacksMainPlugin is BenchmarkFilterCallbacksTrivialPlugin
+// with the real module (WASM_EPP_WASM, else a build of ./plugin) routing a
+// 4 KiB chat request over N endpoints: the plugin's own cost per request in
+// the host, without the network and with warm caches (e2e/filtertest
+// BenchmarkPluginRequest measures it inside a loaded HTTP path).
+func BenchmarkFilterCallbacksMainPlugin(b *testing.B) {
+	code, err := os.ReadFile(wasmbuild.Plugin(b))
+	require.NoError(b, err)
+	const pluginConfig = `{"models": [{"name": "chat", "criticality": "Standard"}]}`
+	cfg, err := config.Decode([]byte(pluginConfig))
+	require.NoError(b, err)
+	for _, n := range []int{8, 64} {
+		b.Run(fmt.Sprintf("endpoints=%d", n), func(b *testing.B) {
+			h := newHarness(b, trivialGuestPkg, withWorkers(1), withAllowStopIteration(), withPluginConfig(pluginConfig),
+				func(_ *Config, p *PluginConfig) { p.VM.Code = code })
+			// Scraped "in the future": fresh however long the benchmark runs.
+			h.host.shared.set("test-vm", cfg.SnapshotKey(), benchSnapshot(b, n, time.Now().Add(time.Hour)), 0)
+			h.host.shared.set("test-vm", cfg.SnapshotVersionKey(), []byte{1, 0, 0, 0, 0, 0, 0, 0}, 0)
+			vm, root := workerVM(b, h)
+			reqHeaders := NewHeaderMap(Pair{":authority", "gw"}, Pair{":path", "/v1/chat/completions"},
+				Pair{":method", "POST"}, Pair{":scheme", "http"}, Pair{"content-type", "application/json"},
+				Pair{"content-length", "4096"}, Pair{"x-request-id", newUUID()})
+			respHeaders := NewHeaderMap(Pair{":status", "200"}, Pair{"content-length", "2"})
+			content := strings.Repeat("The quick brown fox jumps over the lazy dog. ", 88)
+			body := []byte(`{"model":"chat","messages":[{"role":"system","content":"You are helpful."},{"role":"user","content":"` +
+				content + `"}],"stream":false,"max_tokens":256,"temperature":0.7}`)
+			var req *HeaderMap
+			b.ResetTimer()
+			for i := 0; i < b.N; i++ {
+				req = reqHeaders.Clone() // the filter sets the destination header
+				d := newDirectStream(vm, root)
+				d.requestHeaders(req, false)
+				// Headers stopped (allow_on_headers_stop_iteration): still
+				// writable in the body callback, where the filter routes.
+				d.s.reqHeaders = req
+				if d.requestBody(body) != 0 || d.reply() != nil {
+					b.Fatalf("not routed: %+v", d.reply())
+				}
+				d.s.reqHeaders = nil
+				d.responseHeaders(respHeaders)
+				d.finish(req, respHeaders)
+			}
+			b.StopTimer()
+			require.False(b, vm.Failed())
+			_, routed := req.Get(cfg.DestinationHeader)
+			require.True(b, routed)
+			b.ReportMetric(float64(b.Elapsed().Microseconds())/float64(b.N), "µs/req")
+		})
+	}
+}
+
+// benchSnapshot is a stored snapshot of n endpoints (varied load and
+// adapters), scraped at scrape.
+func benchSnapshot(b *testing.B, n int, scrape time.Time) []byte {
+	eps := make([]wire.EndpointState, n)
+	for i := range eps {
+		eps[i] = wire.EndpointState{
+			Namespace: "llm", Name: fmt.Sprintf("vllm-%03d", i),
+			Address: netip.AddrFrom4([4]byte{10, 0, byte(i / 200), byte(i%200 + 1)}), Port: 8000,
+			Waiting: uint32(i % 4), Running: uint32(5 + i%11), KVCacheUsage: float64(i%70) / 100,
+			MaxAdapters: 4, ActiveAdapters: []string{fmt.Sprintf("adapter-%d", i%5)}, ScrapeTime: scrape,
+		}
+	}
+	wire.Normalize(eps)
+	stored, err := wire.EncodeStored(&wire.Stored{Agents: []wire.AgentState{{
+		AgentID: "agent", LastSeq: 1, Received: time.Now(), Endpoints: eps}}}, wire.DefaultLimits())
+	require.NoError(b, err)
+	return stored
 }
