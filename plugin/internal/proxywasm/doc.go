@@ -33,6 +33,12 @@
 //     and the binding has taken them; leftovers are dropped when the outermost
 //     callback returns. Returned byte slices and strings alias those buffers
 //     without copying; they belong to the caller.
+//   - Additions to the SDK's API for data read on every request:
+//     GetHttpRequestBodyInto, GetHttpResponseBodyInto, GetSharedDataInto and
+//     GetHttpRequestHeaderInto read into storage the caller lends (when it
+//     fits), so a request allocates nothing for them and touches memory that
+//     is already warm. In a Wasm guest the allocator, the garbage collector
+//     and fresh memory are a large share of a small request's cost.
 //   - Pointer 0 / size 0 from the host means empty, with no error: an empty
 //     body, header value, header map or property reads as nil/"" and nil error.
 //   - Host status codes map to the SDK's error values (types.ErrorStatusNotFound,
