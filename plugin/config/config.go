@@ -14,6 +14,8 @@ import (
 	"fmt"
 	"io"
 	"math/rand/v2"
+	"reflect"
+	"strconv"
 	"strings"
 	"time"
 	"unicode/utf8"
@@ -144,17 +146,21 @@ type Duration time.Duration
 
 // UnmarshalJSON accepts a duration string such as "500ms" or "2s".
 func (d *Duration) UnmarshalJSON(b []byte) error {
+	// Errors are *json.UnmarshalTypeError so that encoding/json adds the
+	// field path, which Decode puts in its message.
 	var s string
 	if err := json.Unmarshal(b, &s); err != nil {
-		return fmt.Errorf("want a duration string such as \"2s\"")
+		return &json.UnmarshalTypeError{Value: string(b), Type: durationType}
 	}
 	v, err := time.ParseDuration(s)
 	if err != nil {
-		return fmt.Errorf("invalid duration %q", s)
+		return &json.UnmarshalTypeError{Value: strconv.Quote(s), Type: durationType}
 	}
 	*d = Duration(v)
 	return nil
 }
+
+var durationType = reflect.TypeOf(Duration(0))
 
 // MarshalJSON writes the duration as a string.
 func (d Duration) MarshalJSON() ([]byte, error) { return json.Marshal(time.Duration(d).String()) }
@@ -221,6 +227,9 @@ func (c *Config) decodeScheduler() error {
 func decodeError(err error) error {
 	var typeErr *json.UnmarshalTypeError
 	if errors.As(err, &typeErr) {
+		if typeErr.Type == durationType {
+			return &Error{Path: typeErr.Field, Msg: fmt.Sprintf("want a duration such as \"2s\", got %s", typeErr.Value)}
+		}
 		return &Error{Path: typeErr.Field, Msg: fmt.Sprintf("want %s, got JSON %s", typeErr.Type, typeErr.Value)}
 	}
 	msg := err.Error()
