@@ -8,7 +8,6 @@ import (
 	"net"
 	"net/http"
 	"net/url"
-	"sort"
 	"strconv"
 	"strings"
 	"time"
@@ -162,21 +161,7 @@ func (c *cluster) roundTripBuffered(ctx context.Context, m *HeaderMap, body []by
 		}
 		return &httpCallResult{failed: true}
 	}
-	hm := NewHeaderMap(Pair{":status", strconv.Itoa(resp.StatusCode)})
-	keys := make([]string, 0, len(resp.Header))
-	for k := range resp.Header {
-		keys = append(keys, k)
-	}
-	sort.Strings(keys)
-	for _, k := range keys {
-		lk := strings.ToLower(k)
-		if hopByHop[lk] {
-			continue
-		}
-		for _, v := range resp.Header[k] {
-			hm.Add(lk, v)
-		}
-	}
+	hm := responseHeaderMap(resp)
 	if _, ok := hm.Get("content-length"); !ok && resp.ContentLength >= 0 {
 		hm.Add("content-length", strconv.FormatInt(resp.ContentLength, 10))
 	}

@@ -402,21 +402,7 @@ func (s *stream) grantUpstreamRead() {
 // hands the response to the encoder filters.
 func (s *stream) onUpstreamHeaders(resp *http.Response) {
 	s.up.gotHeader = true
-	m := NewHeaderMap(Pair{":status", strconv.Itoa(resp.StatusCode)})
-	keys := make([]string, 0, len(resp.Header))
-	for k := range resp.Header {
-		keys = append(keys, k)
-	}
-	sort.Strings(keys)
-	for _, k := range keys {
-		lk := strings.ToLower(k)
-		if hopByHop[lk] {
-			continue
-		}
-		for _, v := range resp.Header[k] {
-			m.Add(lk, v)
-		}
-	}
+	m := responseHeaderMap(resp)
 	if resp.ContentLength >= 0 {
 		if _, ok := m.Get("content-length"); !ok && resp.Request.Method != http.MethodHead {
 			m.Add("content-length", strconv.FormatInt(resp.ContentLength, 10))
@@ -484,4 +470,26 @@ func (s *stream) cancelUpstream() {
 	}
 	s.up.cancel()
 	s.up = nil
+}
+
+// responseHeaderMap turns an upstream response's headers into an Envoy
+// header map: ":status" first, keys lower-cased and sorted (net/http does
+// not keep their order), hop-by-hop headers dropped as Envoy's codec does.
+func responseHeaderMap(resp *http.Response) *HeaderMap {
+	m := NewHeaderMap(Pair{":status", strconv.Itoa(resp.StatusCode)})
+	keys := make([]string, 0, len(resp.Header))
+	for k := range resp.Header {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	for _, k := range keys {
+		lk := strings.ToLower(k)
+		if hopByHop[lk] {
+			continue
+		}
+		for _, v := range resp.Header[k] {
+			m.Add(lk, v)
+		}
+	}
+	return m
 }
