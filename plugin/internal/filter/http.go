@@ -7,6 +7,7 @@ import (
 
 	"github.com/tetratelabs/proxy-wasm-go-sdk/proxywasm/types"
 
+	"github.com/wasm-epp/wasm-epp/plugin/config"
 	"github.com/wasm-epp/wasm-epp/plugin/internal/proxywasm"
 	"github.com/wasm-epp/wasm-epp/scheduler"
 )
@@ -141,7 +142,7 @@ func (c *httpContext) onRequestBody(bodySize int, endOfStream bool) types.Action
 	}
 	m, ok := r.models[p.Model]
 	if !ok {
-		if r.cfg.UnknownModels != "passthrough" {
+		if r.cfg.UnknownModels != config.UnknownModelPassthrough {
 			return c.replyUnknownModel(p.Model)
 		}
 		m = &r.passthrough
