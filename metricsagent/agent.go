@@ -100,8 +100,10 @@ func (a *Agent) startWorker(t Target) *scrapeWorker {
 	ctx, cancel := context.WithCancel(context.Background())
 	w := &scrapeWorker{kick: make(chan context.Context, 1), done: make(chan scrapeResult, 1), cancel: cancel}
 	hist := a.metrics.ScrapeDuration.WithLabelValues(t.ID())
+	fullParses, valueParses := a.metrics.PageParses.WithLabelValues("full"), a.metrics.PageParses.WithLabelValues("values_only")
 	ps, perr := a.scraper.ForURL(a.scraper.URL(t.URL))
 	go func() {
+		var full0, values0 uint64
 		if ps != nil {
 			defer ps.Close()
 		}
@@ -117,6 +119,10 @@ func (a *Agent) startWorker(t Target) *scrapeWorker {
 				began := time.Now()
 				m, err := ps.Scrape(cycleCtx)
 				hist.Observe(time.Since(began).Seconds())
+				full, values := ps.Parses()
+				fullParses.Add(float64(full - full0))
+				valueParses.Add(float64(values - values0))
+				full0, values0 = full, values
 				w.done <- scrapeResult{m: m, err: err, at: a.now()}
 			}
 		}

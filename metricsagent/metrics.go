@@ -11,6 +11,7 @@ import (
 type Metrics struct {
 	ScrapeDuration     *prometheus.HistogramVec // pod
 	ScrapeErrors       *prometheus.CounterVec   // pod, reason
+	PageParses         *prometheus.CounterVec   // path
 	PushDuration       *prometheus.HistogramVec // target
 	PushErrors         *prometheus.CounterVec   // target, reason
 	EndpointsReported  prometheus.Gauge
@@ -32,6 +33,9 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		ScrapeErrors: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "wasm_epp_agent_scrape_errors_total", Help: "Failed scrapes by pod and reason (timeout, http_status, invalid_value, ...).",
 		}, []string{"pod", "reason"}),
+		PageParses: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "wasm_epp_agent_page_parses_total", Help: "Metrics pages read, by path: full (expfmt parsed the page) or values_only (the page matched the pod's previous one but for sample values).",
+		}, []string{"path"}),
 		PushDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name: "wasm_epp_agent_push_duration_seconds", Help: "Time to push one payload to one Envoy, failed pushes included.", Buckets: ms,
 		}, []string{"target"}),
@@ -57,7 +61,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name: "wasm_epp_agent_envoy_dns_errors_total", Help: "Failed lookups of --envoy-dns (the previous addresses are kept).",
 		}),
 	}
-	reg.MustRegister(m.ScrapeDuration, m.ScrapeErrors, m.PushDuration, m.PushErrors, m.EndpointsReported,
+	reg.MustRegister(m.ScrapeDuration, m.ScrapeErrors, m.PageParses, m.PushDuration, m.PushErrors, m.EndpointsReported,
 		m.EndpointsUnhealthy, m.CycleDuration, m.PushBytes, m.EnvoyTargets, m.DNSErrors,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m

@@ -189,15 +189,50 @@ func FuzzParseMetrics(f *testing.F) {
 	})
 }
 
+// BenchmarkParseMetrics reads the vLLM v1 golden page, whole (26 KB) and
+// restricted to the families asked for by name[] (about 1 KB), with
+// ParseMetrics (expfmt every time) and with a Parser over pages whose
+// values change on every scrape, as a pod's scrape worker does.
 func BenchmarkParseMetrics(b *testing.B) {
-	body := golden(b, "vllm-v1.txt")
-	b.Run("filtered", func(b *testing.B) {
-		b.ReportAllocs()
-		b.SetBytes(int64(len(body)))
-		for b.Loop() {
-			if _, err := ParseMetrics(body, DefaultMetricNames()); err != nil {
-				b.Fatal(err)
+	names := DefaultMetricNames()
+	asked := append([]string{names.Waiting, names.Running, names.LoRAInfo}, names.KVUsage...)
+	live := livePage(golden(b, "vllm-v1.txt"))
+	const variants = 16
+	for _, size := range []struct {
+		name  string
+		pages [variants][]byte
+	}{{name: "whole"}, {name: "restricted"}} {
+		for i := range variants {
+			size.pages[i] = live(int64(i))
+			if size.name == "restricted" {
+				size.pages[i] = restrict(size.pages[i], asked)
 			}
 		}
-	})
+		b.Run(size.name+"/expfmt", func(b *testing.B) {
+			b.ReportAllocs()
+			b.SetBytes(int64(len(size.pages[0])))
+			n := 0
+			for b.Loop() {
+				if _, err := ParseMetrics(size.pages[n%variants], names); err != nil {
+					b.Fatal(err)
+				}
+				n++
+			}
+		})
+		b.Run(size.name+"/parser", func(b *testing.B) {
+			b.ReportAllocs()
+			b.SetBytes(int64(len(size.pages[0])))
+			p := NewParser(names)
+			n := 0
+			for b.Loop() {
+				if _, err := p.Parse(size.pages[n%variants]); err != nil {
+					b.Fatal(err)
+				}
+				n++
+			}
+			if p.FullParses != 1 {
+				b.Fatalf("%d full parses, want 1", p.FullParses)
+			}
+		})
+	}
 }

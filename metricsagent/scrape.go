@@ -75,6 +75,7 @@ type PodScraper struct {
 	request []byte // the whole GET request, prepared once
 	conn    net.Conn
 	br      *bufio.Reader
+	parser  *Parser // remembers this pod's page between scrapes
 }
 
 // ForURL returns a PodScraper for an http:// URL (as built by URL).
@@ -89,7 +90,13 @@ func (s *Scraper) ForURL(rawURL string) (*PodScraper, error) {
 	}
 	req := "GET " + u.RequestURI() + " HTTP/1.1\r\nHost: " + u.Host + "\r\nAccept: " + acceptHeader +
 		"\r\nUser-Agent: wasm-epp-metricsagent\r\n\r\n"
-	return &PodScraper{s: s, addr: host, request: []byte(req)}, nil
+	return &PodScraper{s: s, addr: host, request: []byte(req), parser: NewParser(s.Names)}, nil
+}
+
+// Parses returns how many pages this pod's parser read in full (expfmt)
+// and values only (see Parser).
+func (p *PodScraper) Parses() (full, valuesOnly uint64) {
+	return p.parser.FullParses, p.parser.ValueParses
 }
 
 // Close drops the connection.
@@ -134,7 +141,7 @@ func (p *PodScraper) Scrape(ctx context.Context) (PodMetrics, error) {
 		reused := p.conn != nil
 		err := p.fetch(ctx, deadline, buf)
 		if err == nil {
-			return ParseMetrics(buf.Bytes(), p.s.Names)
+			return p.parser.Parse(buf.Bytes())
 		}
 		p.Close()
 		var se *ScrapeError
