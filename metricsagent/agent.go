@@ -7,6 +7,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/wasm-epp/wasm-epp/scheduler/wire"
 )
 
@@ -23,20 +25,21 @@ type Agent struct {
 	metrics  *Metrics
 	limits   wire.Limits
 
-	seq     uint64
-	pods    map[string]*podState     // by Target.Key
-	workers map[string]*scrapeWorker // by Target.Key
-	ready   atomic.Bool
-	cycles  atomic.Uint64
+	seq      uint64
+	pods     map[string]*podState   // by Target.Key
+	scrapers map[string]*podScraper // by Target.Key
+	ready    atomic.Bool
+	cycles   atomic.Uint64
 }
 
-// scrapeWorker is a long-lived goroutine scraping one pod when kicked. A
-// goroutine per pod per cycle would be created 2000 times a second at 100
-// pods and regrow its stack for the HTTP client every time.
-type scrapeWorker struct {
-	kick   chan context.Context // the cycle's context
-	done   chan scrapeResult
-	cancel context.CancelFunc
+// podScraper is a pod's scraper, kept across cycles with its connection
+// and its page parser, and the metrics it feeds.
+type podScraper struct {
+	ps        *PodScraper
+	err       error // the target's URL is unusable; reported as its scrape error
+	duration  prometheus.Observer
+	fullSeen  uint64 // the parser's counts already added to the metrics
+	valueSeen uint64
 }
 
 // podState is what the agent remembers of one pod between cycles.
@@ -81,53 +84,66 @@ func NewAgent(o Options) *Agent {
 		// to push more than once per nanosecond to get ahead), so the
 		// receiver, which refuses a sequence not above the last accepted,
 		// takes the new process at once without any state kept on disk.
-		seq:     uint64(o.Now().UnixNano()),
-		pods:    map[string]*podState{},
-		workers: map[string]*scrapeWorker{},
+		seq:      uint64(o.Now().UnixNano()),
+		pods:     map[string]*podState{},
+		scrapers: map[string]*podScraper{},
 	}
 }
 
-// Close stops the scrape workers. Run calls it on return; callers of Cycle
-// call it when done.
+// Close drops the scrape connections. Run calls it on return; callers of
+// Cycle call it when done.
 func (a *Agent) Close() {
-	for key, w := range a.workers {
-		w.cancel()
-		delete(a.workers, key)
+	for key, sc := range a.scrapers {
+		if sc.ps != nil {
+			sc.ps.Close()
+		}
+		delete(a.scrapers, key)
 	}
 }
 
-func (a *Agent) startWorker(t Target) *scrapeWorker {
-	ctx, cancel := context.WithCancel(context.Background())
-	w := &scrapeWorker{kick: make(chan context.Context, 1), done: make(chan scrapeResult, 1), cancel: cancel}
-	hist := a.metrics.ScrapeDuration.WithLabelValues(t.ID())
-	fullParses, valueParses := a.metrics.PageParses.WithLabelValues("full"), a.metrics.PageParses.WithLabelValues("values_only")
-	ps, perr := a.scraper.ForURL(a.scraper.URL(t.URL))
-	go func() {
-		var full0, values0 uint64
-		if ps != nil {
-			defer ps.Close()
+func (a *Agent) newPodScraper(t Target) *podScraper {
+	ps, err := a.scraper.ForURL(a.scraper.URL(t.URL))
+	if err != nil { // cannot happen for discovered targets; reported, not hidden
+		err = &ScrapeError{Status: wire.ScrapeConnectFailed, Err: err}
+	}
+	return &podScraper{ps: ps, err: err, duration: a.metrics.ScrapeDuration.WithLabelValues(t.ID())}
+}
+
+// scrape scrapes the targets in one Sweep and returns their outcomes in
+// order.
+func (a *Agent) scrape(ctx context.Context, targets []Target) []scrapeResult {
+	start := time.Now()
+	deadline := start.Add(a.scraper.Timeout)
+	results := make([]scrapeResult, len(targets))
+	pods := make([]*PodScraper, 0, len(targets))
+	index := make([]int, 0, len(targets)) // pods[k] is targets[index[k]]
+	for i, t := range targets {
+		sc, ok := a.scrapers[t.Key()]
+		if !ok {
+			sc = a.newPodScraper(t)
+			a.scrapers[t.Key()] = sc
 		}
-		for {
-			select {
-			case <-ctx.Done():
-				return
-			case cycleCtx := <-w.kick:
-				if perr != nil { // cannot happen for discovered targets; reported, not hidden
-					w.done <- scrapeResult{err: &ScrapeError{Status: wire.ScrapeConnectFailed, Err: perr}, at: a.now()}
-					continue
-				}
-				began := time.Now()
-				m, err := ps.Scrape(cycleCtx)
-				hist.Observe(time.Since(began).Seconds())
-				full, values := ps.Parses()
-				fullParses.Add(float64(full - full0))
-				valueParses.Add(float64(values - values0))
-				full0, values0 = full, values
-				w.done <- scrapeResult{m: m, err: err, at: a.now()}
-			}
+		if sc.err != nil {
+			results[i] = scrapeResult{err: sc.err, at: a.now()}
+			continue
 		}
-	}()
-	return w
+		pods = append(pods, sc.ps)
+		index = append(index, i)
+	}
+	out := make([]Scraped, len(pods))
+	a.scraper.Sweep(ctx, pods, deadline, out)
+	full, values := a.metrics.PageParses.WithLabelValues("full"), a.metrics.PageParses.WithLabelValues("values_only")
+	for k, o := range out {
+		i := index[k]
+		sc := a.scrapers[targets[i].Key()]
+		sc.duration.Observe(o.At.Sub(start).Seconds())
+		f, v := sc.ps.Parses()
+		full.Add(float64(f - sc.fullSeen))
+		values.Add(float64(v - sc.valueSeen))
+		sc.fullSeen, sc.valueSeen = f, v
+		results[i] = scrapeResult{m: o.Metrics, err: o.Err, at: a.now()}
+	}
+	return results
 }
 
 // Ready reports whether a first cycle has completed (for /readyz).
@@ -167,21 +183,7 @@ func (a *Agent) Cycle(ctx context.Context) []byte {
 		seen[t.Key()] = true
 		return dup
 	})
-	kicked := make([]*scrapeWorker, len(targets))
-	for i, t := range targets {
-		key := t.Key()
-		w, ok := a.workers[key]
-		if !ok {
-			w = a.startWorker(t)
-			a.workers[key] = w
-		}
-		w.kick <- ctx
-		kicked[i] = w
-	}
-	results := make([]scrapeResult, len(targets))
-	for i, w := range kicked { // each scrape ends by its timeout at the latest
-		results[i] = <-w.done
-	}
+	results := a.scrape(ctx, targets)
 	if ctx.Err() != nil {
 		return nil // shutting down: these failures are ours, not the pods'
 	}
@@ -189,10 +191,12 @@ func (a *Agent) Cycle(ctx context.Context) []byte {
 	for i, t := range targets {
 		a.record(t, results[i])
 	}
-	for key, w := range a.workers {
+	for key, sc := range a.scrapers {
 		if !seen[key] {
-			w.cancel()
-			delete(a.workers, key)
+			if sc.ps != nil {
+				sc.ps.Close()
+			}
+			delete(a.scrapers, key)
 		}
 	}
 	for key, st := range a.pods {

@@ -73,6 +73,8 @@ type PodMetrics struct {
 type ScrapeError struct {
 	Status wire.ScrapeStatus
 	Err    error
+
+	fetched bool // the page was read whole; only parsing or values failed
 }
 
 func (e *ScrapeError) Error() string { return e.Status.String() + ": " + e.Err.Error() }
@@ -169,25 +171,46 @@ func gaugeFamily(fams map[string]*dto.MetricFamily, name string) (*dto.MetricFam
 
 // duplicateSeries returns the label set of a series that appears twice in
 // f, or "". The text parser keeps both; summing them would double count.
+// A family has a handful of series, so they are compared pairwise, which
+// allocates nothing (this runs on every scrape); only a duplicate found is
+// formatted.
 func duplicateSeries(f *dto.MetricFamily) string {
-	if len(f.GetMetric()) < 2 {
-		return ""
-	}
-	seen := make(map[string]struct{}, len(f.GetMetric()))
-	var pairs []string
-	for _, m := range f.GetMetric() {
-		pairs = pairs[:0]
-		for _, lp := range m.GetLabel() {
-			pairs = append(pairs, lp.GetName()+"="+strconv.Quote(lp.GetValue()))
+	ms := f.GetMetric()
+	for i := 1; i < len(ms); i++ {
+		for j := range i {
+			if sameLabels(ms[i].GetLabel(), ms[j].GetLabel()) {
+				pairs := make([]string, 0, len(ms[i].GetLabel()))
+				for _, lp := range ms[i].GetLabel() {
+					pairs = append(pairs, lp.GetName()+"="+strconv.Quote(lp.GetValue()))
+				}
+				slices.Sort(pairs) // the parser keeps labels in page order
+				return strings.Join(pairs, ",")
+			}
 		}
-		slices.Sort(pairs) // the parser keeps labels in page order
-		k := strings.Join(pairs, ",")
-		if _, ok := seen[k]; ok {
-			return k
-		}
-		seen[k] = struct{}{}
 	}
 	return ""
+}
+
+// sameLabels reports whether a and b are the same label set, in any order.
+// The parser refuses a label name twice in one series, so equal lengths
+// and every pair of a found in b suffice.
+func sameLabels(a, b []*dto.LabelPair) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for _, x := range a {
+		found := false
+		for _, y := range b {
+			if x.GetName() == y.GetName() {
+				found = x.GetValue() == y.GetValue()
+				break
+			}
+		}
+		if !found {
+			return false
+		}
+	}
+	return true
 }
 
 func checkFinite(name string, v float64) *ScrapeError {
@@ -271,12 +294,19 @@ func readLoRA(fams map[string]*dto.MetricFamily, name string, m *PodMetrics) err
 			latest = s
 		}
 	}
-	labels := make(map[string]string, 3)
+	var maxLoRA, running, waiting string
+	var haveMax bool
 	for _, lp := range latest.GetLabel() {
-		labels[lp.GetName()] = lp.GetValue()
+		switch lp.GetName() {
+		case labelMaxLoRA:
+			maxLoRA, haveMax = lp.GetValue(), true
+		case labelRunningAdapters:
+			running = lp.GetValue()
+		case labelWaitingAdapters:
+			waiting = lp.GetValue()
+		}
 	}
-	maxLoRA, ok := labels[labelMaxLoRA]
-	if !ok {
+	if !haveMax {
 		return scrapeErr(wire.ScrapeInvalidValue, "%s: no %s label", name, labelMaxLoRA)
 	}
 	n, perr := strconv.ParseUint(maxLoRA, 10, 32)
@@ -284,8 +314,8 @@ func readLoRA(fams map[string]*dto.MetricFamily, name string, m *PodMetrics) err
 		return scrapeErr(wire.ScrapeInvalidValue, "%s: %s=%q is not a small non-negative integer", name, labelMaxLoRA, maxLoRA)
 	}
 	m.MaxAdapters = uint32(n)
-	m.ActiveAdapters = splitAdapters(labels[labelRunningAdapters])
-	m.WaitingAdapters = splitAdapters(labels[labelWaitingAdapters])
+	m.ActiveAdapters = splitAdapters(running)
+	m.WaitingAdapters = splitAdapters(waiting)
 	return nil
 }
 

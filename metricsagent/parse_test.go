@@ -119,6 +119,12 @@ func TestParseMetrics(t *testing.T) {
 		{"HTML page", []byte("<!DOCTYPE html><html><body>502 Bad Gateway</body></html>\n"), DefaultMetricNames(), PodMetrics{}, wire.ScrapeMissingMetric, ""},
 		{"garbage in a wanted line", page(waiting2, running5, "# TYPE vllm:kv_cache_usage_perc gauge", "vllm:kv_cache_usage_perc{engine=\"0\" 0.5"), DefaultMetricNames(), PodMetrics{}, wire.ScrapeParseError, "exposition text"},
 		{"duplicate series", page(waiting2, "vllm:num_requests_waiting{model_name=\"m\"} 3", running5, kvV1), DefaultMetricNames(), PodMetrics{}, wire.ScrapeParseError, "appears twice"},
+		{"duplicate series, labels in another order", page("# TYPE vllm:num_requests_waiting gauge", `vllm:num_requests_waiting{engine="0",model_name="m"} 1`,
+			`vllm:num_requests_waiting{engine="1",model_name="m"} 2`, `vllm:num_requests_waiting{model_name="m",engine="0"} 3`, running5, kvV1),
+			DefaultMetricNames(), PodMetrics{}, wire.ScrapeParseError, `vllm:num_requests_waiting: series {engine="0",model_name="m"} appears twice`},
+		{"series that differ in one label value or in their label names", page("# TYPE vllm:num_requests_waiting gauge", `vllm:num_requests_waiting{engine="0",model_name="m"} 1`,
+			`vllm:num_requests_waiting{engine="1",model_name="m"} 2`, `vllm:num_requests_waiting{engine="0",model="m"} 3`, `vllm:num_requests_waiting{engine="0"} 4`, running5, kvV1),
+			DefaultMetricNames(), PodMetrics{Waiting: 10, Running: 5, KVCacheUsage: 0.5}, wire.ScrapeOK, ""},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

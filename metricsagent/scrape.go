@@ -61,19 +61,21 @@ func (s *Scraper) URL(metricsURL string) string {
 }
 
 // PodScraper scrapes one pod over one kept-alive HTTP/1.1 connection. It
-// is used by one goroutine at a time (the pod's scrape worker).
+// is used by one goroutine at a time.
 //
 // It does not use http.Client: a client round trip hands the request and
 // response between three goroutines, and at 2000 scrapes a second those
 // wake-ups cost the agent more CPU than everything else together. Here the
-// worker writes a prepared request and parses the response with the
-// standard library's http.ReadResponse on its own connection, with the
-// scrape's deadline on the socket.
+// caller writes a prepared request and parses the response with the
+// standard library's http.ReadResponse on the pod's own connection, with
+// the scrape's deadline on the socket. Scraper.Sweep goes further and
+// scrapes many pods from one goroutine.
 type PodScraper struct {
 	s       *Scraper
 	addr    string // host:port to dial
 	request []byte // the whole GET request, prepared once
 	conn    net.Conn
+	src     *connReader // what br reads from: conn, waiting or not
 	br      *bufio.Reader
 	parser  *Parser // remembers this pod's page between scrapes
 }
@@ -103,25 +105,92 @@ func (p *PodScraper) Parses() (full, valuesOnly uint64) {
 func (p *PodScraper) Close() {
 	if p.conn != nil {
 		_ = p.conn.Close()
-		p.conn, p.br = nil, nil
+		p.conn, p.br, p.src = nil, nil, nil // a body being closed still reads the old ones: it fails
 	}
 }
 
-// readBufferBytes: a vLLM page (20-100 KB) arrives in a few reads instead
-// of a dozen 4 KB ones; 16 KB per pod connection is cheap.
-const readBufferBytes = 16 << 10
+// readBufferBytes: a whole vLLM page (20-100 KB) arrives in one or two
+// reads instead of a dozen 4 KB ones; a loopback or veth segment carries
+// up to 64 KB. The buffer is per pod connection: 100 pods hold 3.2 MB.
+const readBufferBytes = 32 << 10
 
 // keepBufferBytes: body buffers that grew beyond this go back to the
 // garbage collector instead of the pool, so one huge page does not pin memory.
 const keepBufferBytes = 1 << 20
 
-// Scrape fetches the pod's metrics and parses them. Errors are *ScrapeError.
-// Any failure closes the connection; the next scrape dials afresh.
+// Scrape fetches the pod's metrics and parses them, within the scrape
+// timeout from now. Errors are *ScrapeError. Any failure to fetch closes
+// the connection; the next scrape dials afresh.
 func (p *PodScraper) Scrape(ctx context.Context) (PodMetrics, error) {
-	ctx, cancel := context.WithTimeout(ctx, p.s.Timeout)
-	defer cancel()
-	deadline, _ := ctx.Deadline()
+	return p.ScrapeBy(ctx, time.Now().Add(p.s.Timeout))
+}
 
+// ScrapeBy is Scrape with the deadline given: connect to last byte.
+func (p *PodScraper) ScrapeBy(ctx context.Context, deadline time.Time) (PodMetrics, error) {
+	ctx, cancel := context.WithDeadline(ctx, deadline)
+	defer cancel()
+	// A kept-alive connection the server closed while idle fails on first
+	// use without an answer; one retry on a fresh connection covers it, as
+	// http.Transport does for idempotent requests.
+	for attempt := 0; ; attempt++ {
+		reused := p.conn != nil
+		err := p.dial(ctx)
+		if err == nil {
+			err = p.send(deadline)
+		}
+		if err == nil {
+			var m PodMetrics
+			if m, err = p.receive(deadline, false); err == nil || isParseFailure(err) {
+				return m, err
+			}
+		}
+		p.Close()
+		var se *ScrapeError
+		if errors.As(err, &se) || !reused || attempt > 0 || ctx.Err() != nil {
+			return PodMetrics{}, classify(ctx, err)
+		}
+	}
+}
+
+// isParseFailure tells a page that was fetched but not accepted (the
+// connection is fine) from a failed fetch.
+func isParseFailure(err error) bool {
+	var se *ScrapeError
+	return errors.As(err, &se) && se.fetched
+}
+
+// dial connects if there is no connection.
+func (p *PodScraper) dial(ctx context.Context) error {
+	if p.conn != nil {
+		return nil
+	}
+	conn, err := (&net.Dialer{}).DialContext(ctx, "tcp", p.addr)
+	if err != nil {
+		return classify(ctx, err)
+	}
+	p.conn, p.src = conn, &connReader{sock: newRawSocket(conn)}
+	p.br = bufio.NewReaderSize(p.src, readBufferBytes)
+	return nil
+}
+
+// send puts the deadline on the connection and writes the request. The
+// request is a few hundred bytes into a socket whose previous answer was
+// read to its end, so the write does not wait.
+func (p *PodScraper) send(deadline time.Time) error {
+	if err := p.conn.SetDeadline(deadline); err != nil {
+		return err
+	}
+	return p.src.sock.write(p.request)
+}
+
+// receive reads the answer to the request sent and parses it. With
+// arrivedOnly it waits for nothing: it takes what the pod sent so far and
+// fails with a timeout if that is not the whole answer (Sweep uses it once
+// the deadline has passed, for pods whose answers were not read yet). It
+// returns a *ScrapeError for answers it refuses or cannot parse, and plain
+// I/O errors (which a retry may cure) otherwise.
+func (p *PodScraper) receive(deadline time.Time, arrivedOnly bool) (PodMetrics, error) {
+	p.src.arrivedOnly = arrivedOnly
 	buf, _ := p.s.bufs.Get().(*bytes.Buffer)
 	if buf == nil {
 		buf = new(bytes.Buffer)
@@ -133,42 +202,18 @@ func (p *PodScraper) Scrape(ctx context.Context) (PodMetrics, error) {
 		}
 	}()
 	buf.Reset()
-
-	// A kept-alive connection the server closed while idle fails on first
-	// use without an answer; one retry on a fresh connection covers it, as
-	// http.Transport does for idempotent requests.
-	for attempt := 0; ; attempt++ {
-		reused := p.conn != nil
-		err := p.fetch(ctx, deadline, buf)
-		if err == nil {
-			return p.parser.Parse(buf.Bytes())
-		}
-		p.Close()
-		var se *ScrapeError
-		if errors.As(err, &se) || !reused || attempt > 0 || ctx.Err() != nil {
-			return PodMetrics{}, classify(ctx, err)
-		}
-		buf.Reset()
+	if err := p.readBody(buf); err != nil {
+		return PodMetrics{}, err
 	}
+	m, err := p.parser.Parse(buf.Bytes())
+	if se := (*ScrapeError)(nil); errors.As(err, &se) {
+		se.fetched = true
+	}
+	return m, err
 }
 
-// fetch sends the request and reads a 200 text/plain body into buf. It
-// returns a *ScrapeError for answers it refuses, and plain I/O errors
-// (which a retry may cure) otherwise.
-func (p *PodScraper) fetch(ctx context.Context, deadline time.Time, buf *bytes.Buffer) error {
-	if p.conn == nil {
-		conn, err := (&net.Dialer{}).DialContext(ctx, "tcp", p.addr)
-		if err != nil {
-			return classify(ctx, err)
-		}
-		p.conn, p.br = conn, bufio.NewReaderSize(conn, readBufferBytes)
-	}
-	if err := p.conn.SetDeadline(deadline); err != nil {
-		return err
-	}
-	if _, err := p.conn.Write(p.request); err != nil {
-		return err
-	}
+// readBody reads a 200 text/plain answer's body into buf.
+func (p *PodScraper) readBody(buf *bytes.Buffer) error {
 	resp, err := http.ReadResponse(p.br, nil)
 	if err != nil {
 		return err
@@ -193,7 +238,7 @@ func (p *PodScraper) fetch(ctx context.Context, deadline time.Time, buf *bytes.B
 	}
 	// Read one byte past the cap to tell "exactly the cap" from "more".
 	if _, err := buf.ReadFrom(io.LimitReader(resp.Body, p.s.MaxBodyBytes+1)); err != nil {
-		return refuse(classify(ctx, err)) // a body cut short is not retried
+		return refuse(classify(context.Background(), err)) // a body cut short is not retried
 	}
 	if int64(buf.Len()) > p.s.MaxBodyBytes {
 		return refuse(scrapeErr(wire.ScrapeBodyTooLarge, "GET %s: body over %d bytes", p.addr, p.s.MaxBodyBytes))
@@ -204,6 +249,83 @@ func (p *PodScraper) fetch(ctx context.Context, deadline time.Time, buf *bytes.B
 	}
 	return nil
 }
+
+// Scraped is one pod's outcome in a Sweep.
+type Scraped struct {
+	Metrics PodMetrics
+	Err     error     // a *ScrapeError, or nil
+	At      time.Time // when the answer was read (or the scrape failed)
+}
+
+// Sweep scrapes pods concurrently and mostly from the calling goroutine,
+// all by deadline, and writes pods[i]'s outcome to out[i]. Each pod must be
+// used by this call only.
+//
+// It first writes the request on every open connection, then reads the
+// answers in order: the pods answer in parallel while the requests go
+// out, so when Sweep comes to a pod its answer has usually arrived and is
+// read without the goroutine ever waiting, where a goroutine per pod would
+// find the socket empty, sleep and be woken for each one. If a pod is slow,
+// Sweep waits for it, at most until the deadline; answers of the pods after
+// it keep arriving meanwhile, and once the deadline has passed Sweep takes
+// what each remaining pod has sent without waiting any longer: a pod is
+// only failed for being late if its answer was not complete by the
+// deadline. Pods without an open connection, and pods whose kept-alive
+// connection turns out closed, are scraped in a goroutine of their own
+// (dial, send, receive), within the same deadline.
+func (s *Scraper) Sweep(ctx context.Context, pods []*PodScraper, deadline time.Time, out []Scraped) {
+	var wg sync.WaitGroup
+	alone := func(i int) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			m, err := pods[i].ScrapeBy(ctx, deadline)
+			out[i] = Scraped{Metrics: m, Err: err, At: time.Now()}
+		}()
+	}
+	sent := make([]bool, len(pods))
+	for i, p := range pods {
+		if p.conn == nil {
+			alone(i)
+			continue
+		}
+		if err := p.send(deadline); err != nil {
+			p.Close()
+			alone(i) // the retry on a fresh connection
+			continue
+		}
+		sent[i] = true
+	}
+	for i, p := range pods {
+		if !sent[i] {
+			continue
+		}
+		late := !time.Now().Before(deadline)
+		m, err := p.receive(deadline, late)
+		if err != nil && !isParseFailure(err) {
+			p.Close()
+			var se *ScrapeError
+			if !errors.As(err, &se) && !late && !errors.Is(err, os.ErrDeadlineExceeded) && ctx.Err() == nil {
+				alone(i) // closed while idle: one retry on a fresh connection
+				continue
+			}
+			err = classify(ctx, err)
+		}
+		out[i] = Scraped{Metrics: m, Err: err, At: time.Now()}
+	}
+	wg.Wait()
+}
+
+// connReader is what a pod's bufio.Reader reads from: the connection,
+// waiting for data up to the deadline, or with arrivedOnly, taking only the
+// bytes already received and failing with os.ErrDeadlineExceeded when
+// there are none.
+type connReader struct {
+	sock        rawSocket
+	arrivedOnly bool
+}
+
+func (r *connReader) Read(b []byte) (int, error) { return r.sock.read(b, r.arrivedOnly) }
 
 // classify turns an I/O error into a *ScrapeError (kept as is if it is one).
 func classify(ctx context.Context, err error) *ScrapeError {

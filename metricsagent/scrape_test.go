@@ -5,8 +5,10 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"strconv"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -91,4 +93,116 @@ func TestPodScraperErrors(t *testing.T) {
 	require.NoError(t, err)
 	_, err = ps.Scrape(context.Background())
 	assert.Equal(t, wire.ScrapeConnectFailed, StatusOf(err), "%v", err)
+}
+
+// sweepPods returns PodScrapers for the servers' URLs, closed at cleanup.
+func sweepPods(t *testing.T, s *Scraper, srvs ...*httptest.Server) []*PodScraper {
+	var pods []*PodScraper
+	for _, srv := range srvs {
+		ps, err := s.ForURL(srv.URL + "/metrics")
+		require.NoError(t, err)
+		t.Cleanup(ps.Close)
+		pods = append(pods, ps)
+	}
+	return pods
+}
+
+func sweepStatuses(out []Scraped) []wire.ScrapeStatus {
+	var st []wire.ScrapeStatus
+	for _, o := range out {
+		st = append(st, StatusOf(o.Err))
+	}
+	return st
+}
+
+// gatedServer serves the golden page, or, while gated, answers only once
+// released (or never, for a partial answer: headers and half the body).
+type gatedServer struct {
+	*httptest.Server
+	gated   atomic.Bool
+	partial bool
+	release chan struct{}
+}
+
+func newGatedServer(t *testing.T, partial bool) *gatedServer {
+	body := golden(t, "vllm-v1.txt")
+	g := &gatedServer{partial: partial, release: make(chan struct{})}
+	g.Server = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
+		if g.gated.Load() {
+			if g.partial {
+				w.Header().Set("Content-Length", strconv.Itoa(len(body)))
+				_, _ = w.Write(body[:len(body)/2])
+				w.(http.Flusher).Flush()
+			}
+			<-g.release
+			if g.partial {
+				return
+			}
+		}
+		_, _ = w.Write(body)
+	}))
+	t.Cleanup(func() {
+		close(g.release)
+		g.Close()
+	})
+	return g
+}
+
+func TestSweepReadsAnswersThatArrivedWhileASlowPodWasAwaited(t *testing.T) {
+	slow, partial := newGatedServer(t, false), newGatedServer(t, true)
+	fast1, fast2 := newGatedServer(t, false), newGatedServer(t, false)
+	s := &Scraper{Timeout: 5e9, MaxBodyBytes: 1 << 20, Names: DefaultMetricNames()}
+	pods := sweepPods(t, s, slow.Server, fast1.Server, partial.Server, fast2.Server)
+
+	out := make([]Scraped, len(pods))
+	s.Sweep(context.Background(), pods, time.Now().Add(5*time.Second), out) // connects every pod
+	require.Equal(t, []wire.ScrapeStatus{wire.ScrapeOK, wire.ScrapeOK, wire.ScrapeOK, wire.ScrapeOK}, sweepStatuses(out))
+
+	// The first pod now answers only after the deadline, the third sends
+	// half its answer: the sweep waits on the first until the deadline,
+	// then takes the answers that arrived meanwhile without waiting.
+	slow.gated.Store(true)
+	partial.gated.Store(true)
+	s.Sweep(context.Background(), pods, time.Now().Add(300*time.Millisecond), out)
+	require.Equal(t, []wire.ScrapeStatus{wire.ScrapeTimeout, wire.ScrapeOK, wire.ScrapeTimeout, wire.ScrapeOK}, sweepStatuses(out),
+		"%v / %v / %v / %v", out[0].Err, out[1].Err, out[2].Err, out[3].Err)
+	assert.Equal(t, uint32(31), out[1].Metrics.Running)
+	assert.Equal(t, uint32(31), out[3].Metrics.Running)
+	assert.Nil(t, pods[0].conn, "a timed-out pod's connection is dropped")
+	assert.Nil(t, pods[2].conn)
+	assert.NotNil(t, pods[1].conn, "the others keep theirs")
+
+	// Next cycle: the failed pods reconnect, the others reuse.
+	slow.gated.Store(false)
+	partial.gated.Store(false)
+	s.Sweep(context.Background(), pods, time.Now().Add(5*time.Second), out)
+	require.Equal(t, []wire.ScrapeStatus{wire.ScrapeOK, wire.ScrapeOK, wire.ScrapeOK, wire.ScrapeOK}, sweepStatuses(out))
+}
+
+func TestSweepRetriesAConnectionClosedWhileIdle(t *testing.T) {
+	srv, conns := countingServer(t)
+	s := &Scraper{Timeout: 5e9, MaxBodyBytes: 1 << 20, Names: DefaultMetricNames()}
+	pods := sweepPods(t, s, srv)
+	out := make([]Scraped, 1)
+	for range 3 {
+		s.Sweep(context.Background(), pods, time.Now().Add(5*time.Second), out)
+		require.NoError(t, out[0].Err)
+	}
+	require.Equal(t, int64(1), conns.Load(), "one kept-alive connection")
+	srv.CloseClientConnections()
+	s.Sweep(context.Background(), pods, time.Now().Add(5*time.Second), out)
+	require.NoError(t, out[0].Err, "retried once on a fresh connection")
+	require.Equal(t, int64(2), conns.Load())
+}
+
+func TestSweepPastDeadlineFailsEveryPodAsTimeout(t *testing.T) {
+	a, b := newGatedServer(t, false), newGatedServer(t, false)
+	s := &Scraper{Timeout: 5e9, MaxBodyBytes: 1 << 20, Names: DefaultMetricNames()}
+	pods := sweepPods(t, s, a.Server, b.Server)
+	out := make([]Scraped, len(pods))
+	s.Sweep(context.Background(), pods, time.Now().Add(5*time.Second), out)
+	require.Equal(t, []wire.ScrapeStatus{wire.ScrapeOK, wire.ScrapeOK}, sweepStatuses(out))
+	s.Sweep(context.Background(), pods, time.Now().Add(-time.Millisecond), out)
+	require.Equal(t, []wire.ScrapeStatus{wire.ScrapeTimeout, wire.ScrapeTimeout}, sweepStatuses(out), "%v / %v", out[0].Err, out[1].Err)
 }

@@ -1,0 +1,28 @@
+//go:build !linux
+
+package metricsagent
+
+import (
+	"net"
+	"os"
+)
+
+// rawSocket elsewhere than Linux is the plain connection (see
+// sockio_linux.go for why Linux differs).
+type rawSocket struct{ conn net.Conn }
+
+func newRawSocket(c net.Conn) rawSocket { return rawSocket{conn: c} }
+
+// read: without raw descriptors a read cannot be made not to wait, so a
+// pod not read by the deadline fails even if its answer has arrived.
+func (s rawSocket) read(b []byte, arrivedOnly bool) (int, error) {
+	if arrivedOnly {
+		return 0, os.ErrDeadlineExceeded
+	}
+	return s.conn.Read(b)
+}
+
+func (s rawSocket) write(b []byte) error {
+	_, err := s.conn.Write(b)
+	return err
+}
