@@ -334,25 +334,62 @@ func splitAdapters(s string) []string {
 	return slices.Compact(out)
 }
 
+// familyFilter picks the lines of the wanted families out of a page.
+type familyFilter struct {
+	wanted []string
+	// prefix is what every wanted name starts with ("vllm:"), and next
+	// marks the bytes that follow it in some wanted name: most lines of a
+	// vLLM page start with "vllm:" too, and the byte after it rules out
+	// nearly all of them with one look.
+	prefix string
+	next   [256]bool
+}
+
+func newFamilyFilter(names MetricNames) *familyFilter {
+	f := &familyFilter{}
+	f.wanted = append(f.wanted, names.Waiting, names.Running)
+	if names.LoRAInfo != "" {
+		f.wanted = append(f.wanted, names.LoRAInfo)
+	}
+	f.wanted = append(f.wanted, names.KVUsage...)
+	f.wanted = slices.DeleteFunc(f.wanted, func(w string) bool { return w == "" })
+	if len(f.wanted) == 0 {
+		return f
+	}
+	f.prefix = f.wanted[0]
+	for _, w := range f.wanted[1:] {
+		n := 0
+		for n < len(f.prefix) && n < len(w) && f.prefix[n] == w[n] {
+			n++
+		}
+		f.prefix = f.prefix[:n]
+	}
+	for _, w := range f.wanted {
+		if len(w) > len(f.prefix) {
+			f.next[w[len(f.prefix)]] = true
+		} else {
+			// w is the prefix itself: a name that ends where others go
+			// on; what follows it on a line is '{' or a blank.
+			f.next['{'], f.next[' '], f.next['\t'] = true, true, true
+		}
+	}
+	return f
+}
+
 // filterFamilies appends to dst the lines of body that belong to a wanted
 // family: "# TYPE name" and samples of name. HELP lines, other comments and
 // blank lines are dropped (the parser needs none of them). A line whose name
 // is quoted (the UTF-8 form) is kept whole and left to the parser.
 //
 // It runs on every scrape of every pod, so it looks at as little as it can:
-// the first byte of a line decides whether a name comparison is needed.
+// the bytes at the start of a line decide whether a name comparison is needed.
 func filterFamilies(body []byte, names MetricNames, dst []byte) []byte {
-	wanted := make([]string, 0, 4+len(names.KVUsage))
-	wanted = append(wanted, names.Waiting, names.Running)
-	if names.LoRAInfo != "" {
-		wanted = append(wanted, names.LoRAInfo)
-	}
-	wanted = append(wanted, names.KVUsage...)
-	var first [256]bool
-	for _, w := range wanted {
-		if w != "" {
-			first[w[0]] = true
-		}
+	return newFamilyFilter(names).appendLines(dst, body)
+}
+
+func (f *familyFilter) appendLines(dst, body []byte) []byte {
+	if len(f.wanted) == 0 {
+		return dst
 	}
 	for len(body) > 0 {
 		var line []byte
@@ -379,8 +416,8 @@ func filterFamilies(body []byte, names MetricNames, dst []byte) []byte {
 			}
 		}
 		keep := rest[0] == '"' || rest[0] == '{' // quoted name: the parser judges
-		if !keep && first[rest[0]] {
-			for _, w := range wanted {
+		if !keep && len(rest) > len(f.prefix) && string(rest[:len(f.prefix)]) == f.prefix && f.next[rest[len(f.prefix)]] {
+			for _, w := range f.wanted {
 				if len(rest) > len(w) && string(rest[:len(w)]) == w {
 					if c := rest[len(w)]; c == '{' || c == ' ' || c == '\t' {
 						keep = true

@@ -5,6 +5,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -150,6 +151,65 @@ func TestFilterFamiliesKeepsOnlyWantedLines(t *testing.T) {
 	got := string(filterFamilies(in, DefaultMetricNames(), nil))
 	assert.Equal(t, waiting2+"\n"+"vllm:num_requests_running{a=\"b\"}\t1\n"+`{"vllm:odd name"} 1`+"\n"+
 		"#  TYPE   vllm:kv_cache_usage_perc gauge\n"+"# TYPE  vllm:kv_cache_usage_perc gauge\n", got)
+}
+
+// referenceFilter is filterFamilies written for clarity, not speed: the
+// line's metric name (after "# TYPE" for TYPE lines) must be wanted.
+func referenceFilter(body []byte, wanted []string) string {
+	var out strings.Builder
+	for line := range strings.SplitSeq(string(body), "\n") {
+		rest := strings.TrimLeft(line, " \t")
+		if rest == "" {
+			continue
+		}
+		if r, ok := strings.CutPrefix(rest, "#"); ok {
+			r = strings.TrimLeft(r, " \t")
+			after, ok := strings.CutPrefix(r, "TYPE")
+			if !ok || after == "" || (after[0] != ' ' && after[0] != '\t') {
+				continue
+			}
+			if rest = strings.TrimLeft(after, " \t"); rest == "" {
+				continue
+			}
+		}
+		keep := rest[0] == '"' || rest[0] == '{'
+		if end := strings.IndexAny(rest, "{ \t"); !keep && end > 0 {
+			keep = slices.Contains(wanted, rest[:end])
+		}
+		if keep {
+			out.WriteString(line + "\n")
+		}
+	}
+	return out.String()
+}
+
+// filterNameSets are name choices with different shapes of common prefix.
+var filterNameSets = []MetricNames{
+	DefaultMetricNames(),
+	{Waiting: "q", Running: "q_running", KVUsage: []string{"kv"}, LoRAInfo: "q_lora"}, // one name is the common prefix
+	{Waiting: "waiting", Running: "running", KVUsage: []string{"kv"}},                 // no common prefix, no LoRA
+	{Waiting: "x:w", Running: "x:w", KVUsage: []string{"x:w"}, LoRAInfo: "x:w"},       // all the same
+}
+
+func TestFilterFamiliesMatchesTheReference(t *testing.T) {
+	body := page(string(golden(t, "vllm-v1.txt")), string(golden(t, "vllm-v0.6.txt")),
+		"q 1", "q{a=\"b\"} 2", "q_running 3", "q_runningx 4", "qq 5", "# TYPE q gauge", "# TYPE q_lora gauge", "q_lora{} 1",
+		"waiting 1", "running\t2", "kv 3", "kvx 4", "x:w 1", "x:wx 2", "x: 3", "  x:w 4", "\tq 5")
+	for _, names := range filterNameSets {
+		wanted := append([]string{names.Waiting, names.Running, names.LoRAInfo}, names.KVUsage...)
+		assert.Equal(t, referenceFilter(body, wanted), string(filterFamilies(body, names, nil)), "%+v", names)
+	}
+}
+
+func FuzzFilterFamilies(f *testing.F) {
+	f.Add(golden(f, "vllm-v1.txt"), uint8(0))
+	f.Add([]byte("q 1\nq_running 2\n# TYPE q gauge\nqq 3\n"), uint8(1))
+	f.Add([]byte("waiting 1\n\trunning 2\nkv{a=\"b\"} 3\n"), uint8(2))
+	f.Fuzz(func(t *testing.T, body []byte, set uint8) {
+		names := filterNameSets[int(set)%len(filterNameSets)]
+		wanted := append([]string{names.Waiting, names.Running, names.LoRAInfo}, names.KVUsage...)
+		require.Equal(t, referenceFilter(body, wanted), string(filterFamilies(body, names, nil)))
+	})
 }
 
 func TestStatusOf(t *testing.T) {

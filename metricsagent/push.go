@@ -186,15 +186,33 @@ type pushWorker struct {
 }
 
 // NewPushClient returns the HTTP client for pushes: kept-alive connections
-// to each Envoy, no proxy from the environment.
+// to each Envoy, no proxy from the environment, socket reads and writes
+// made as the scrapes make them (see rawSocket).
 func NewPushClient() *http.Client {
+	dialer := &net.Dialer{Timeout: time.Second, KeepAlive: 30 * time.Second}
 	return &http.Client{Transport: &http.Transport{
-		Proxy:               nil,
-		DialContext:         (&net.Dialer{Timeout: time.Second, KeepAlive: 30 * time.Second}).DialContext,
+		Proxy: nil,
+		DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
+			c, err := dialer.DialContext(ctx, network, addr)
+			if err != nil {
+				return nil, err
+			}
+			return &rawSocketConn{Conn: c, sock: newRawSocket(c)}, nil
+		},
 		MaxIdleConnsPerHost: 2,
 		IdleConnTimeout:     90 * time.Second,
 	}}
 }
+
+// rawSocketConn is a net.Conn whose Read and Write go through rawSocket.
+type rawSocketConn struct {
+	net.Conn
+	sock rawSocket
+}
+
+func (c *rawSocketConn) Read(b []byte) (int, error) { return c.sock.read(b, false) }
+
+func (c *rawSocketConn) Write(b []byte) (int, error) { return c.sock.write(b) }
 
 // Publish hands payload to the workers of targets, starting workers for new
 // targets and stopping those of targets no longer listed. It never blocks on

@@ -30,6 +30,7 @@ var errUnsupportedFloat = errors.New("unsupported character in float")
 // FuzzParserTemplate checks that the two paths agree on any pair of pages.
 type Parser struct {
 	names    MetricNames
+	filter   *familyFilter
 	filtered []byte // scratch for the filtered text of the page at hand
 	tmpl     template
 	// newValues and newSlots are readValues' scratch: values are written
@@ -59,12 +60,12 @@ type valueSlot struct {
 
 // NewParser returns a parser for the given names.
 func NewParser(names MetricNames) *Parser {
-	return &Parser{names: names}
+	return &Parser{names: names, filter: newFamilyFilter(names)}
 }
 
 // Parse reads one page; it gives what ParseMetrics gives for the same body.
 func (p *Parser) Parse(body []byte) (PodMetrics, error) {
-	p.filtered = filterFamilies(body, p.names, p.filtered[:0])
+	p.filtered = p.filter.appendLines(p.filtered[:0], body)
 	if p.readValues(p.filtered) {
 		p.ValueParses++
 		return metricsFrom(p.tmpl.fams, p.names)

@@ -180,7 +180,8 @@ func (p *PodScraper) send(deadline time.Time) error {
 	if err := p.conn.SetDeadline(deadline); err != nil {
 		return err
 	}
-	return p.src.sock.write(p.request)
+	_, err := p.src.sock.write(p.request)
+	return err
 }
 
 // receive reads the answer to the request sent and parses it. With

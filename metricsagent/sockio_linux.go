@@ -85,19 +85,20 @@ func (s rawSocket) read(b []byte, arrivedOnly bool) (int, error) {
 	return int(n), nil
 }
 
-// write writes all of b, waiting for room up to the connection's deadline.
-func (s rawSocket) write(b []byte) error {
+// write writes all of b, waiting for room up to the connection's
+// deadline, and returns how much was written.
+func (s rawSocket) write(b []byte) (int, error) {
 	if s.raw == nil {
-		_, err := s.conn.Write(b)
-		return err
+		return s.conn.Write(b)
 	}
+	written := 0
 	var errno syscall.Errno
 	err := s.raw.Write(func(fd uintptr) bool {
-		for len(b) > 0 {
-			n, _, e := syscall.RawSyscall(syscall.SYS_WRITE, fd, uintptr(unsafe.Pointer(&b[0])), uintptr(len(b)))
+		for written < len(b) {
+			n, _, e := syscall.RawSyscall(syscall.SYS_WRITE, fd, uintptr(unsafe.Pointer(&b[written])), uintptr(len(b)-written))
 			switch e {
 			case 0:
-				b = b[n:]
+				written += int(n)
 			case syscall.EINTR:
 			case syscall.EAGAIN:
 				return false // wait for room
@@ -108,11 +109,8 @@ func (s rawSocket) write(b []byte) error {
 		}
 		return true
 	})
-	if err != nil {
-		return err
+	if err == nil && errno != 0 {
+		err = os.NewSyscallError("write", errno)
 	}
-	if errno != 0 {
-		return os.NewSyscallError("write", errno)
-	}
-	return nil
+	return written, err
 }

@@ -22,7 +22,4 @@ func (s rawSocket) read(b []byte, arrivedOnly bool) (int, error) {
 	return s.conn.Read(b)
 }
 
-func (s rawSocket) write(b []byte) error {
-	_, err := s.conn.Write(b)
-	return err
-}
+func (s rawSocket) write(b []byte) (int, error) { return s.conn.Write(b) }
