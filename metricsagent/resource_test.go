@@ -129,20 +129,24 @@ func TestResourceUsage(t *testing.T) {
 	time.Sleep(2 * time.Second) // warm up: connections open, buffers pooled
 
 	pid := cmd.Process.Pid
-	cpu0, scrapes0, pushes0, full0 := cpuTicks(t, pid), scrapes.Load(), pushes.Load(), full.Load()
+	user0, sys0 := cpuTicks(t, pid)
+	scrapes0, pushes0, full0 := scrapes.Load(), pushes.Load(), full.Load()
 	failed0 := failedScrapes(t, listen)
 	start := time.Now()
 	time.Sleep(window)
-	cpu1, elapsed := cpuTicks(t, pid), time.Since(start)
+	user1, sys1 := cpuTicks(t, pid)
+	elapsed := time.Since(start)
+	cpu0, cpu1 := user0+sys0, user1+sys1
 	rss, hwm := procStatusKiB(t, pid, "VmRSS:"), procStatusKiB(t, pid, "VmHWM:")
 	nScrapes, nPushes, nFull := scrapes.Load()-scrapes0, pushes.Load()-pushes0, full.Load()-full0
 	nFailed := failedScrapes(t, listen) - failed0
 
 	// USER_HZ is 100 on every Linux architecture Go supports.
 	cpuShare := float64(cpu1-cpu0) / 100 / elapsed.Seconds()
-	t.Logf("agent over %.1fs: CPU %.1f%% of one core, RSS %.1f MiB (peak %.1f MiB); %d scrapes (%.0f/s, %.0f µs CPU each, %d failed), %d pushes (%d with all 100 endpoints, %.1f/s)",
+	perScrape := func(ticks int64) float64 { return float64(ticks) * 1e4 / float64(max(nScrapes, 1)) } // µs
+	t.Logf("agent over %.1fs: CPU %.1f%% of one core, RSS %.1f MiB (peak %.1f MiB); %d scrapes (%.0f/s, %.0f µs CPU each: %.0f user, %.0f system; %d failed), %d pushes (%d with all 100 endpoints, %.1f/s)",
 		elapsed.Seconds(), 100*cpuShare, float64(rss)/1024, float64(hwm)/1024,
-		nScrapes, float64(nScrapes)/elapsed.Seconds(), float64(cpu1-cpu0)*1e4/float64(max(nScrapes, 1)), nFailed,
+		nScrapes, float64(nScrapes)/elapsed.Seconds(), perScrape(cpu1-cpu0), perScrape(user1-user0), perScrape(sys1-sys0), nFailed,
 		nPushes, nFull, float64(nPushes)/elapsed.Seconds())
 	stop()
 	require.Equal(t, 0, cmd.ProcessState.ExitCode(), "graceful exit on SIGTERM; agent said: %s", stderr.w)
@@ -212,17 +216,17 @@ func failedScrapes(t *testing.T, listen string) int64 {
 	return int64(n)
 }
 
-// cpuTicks reads utime+stime of pid in clock ticks (/proc/pid/stat fields
-// 14 and 15, counted after the parenthesised command name).
-func cpuTicks(t *testing.T, pid int) int64 {
+// cpuTicks reads utime and stime of pid in clock ticks (/proc/pid/stat
+// fields 14 and 15, counted after the parenthesised command name).
+func cpuTicks(t *testing.T, pid int) (user, system int64) {
 	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
 	require.NoError(t, err)
 	fields := strings.Fields(string(b[strings.LastIndexByte(string(b), ')')+2:]))
-	utime, err := strconv.ParseInt(fields[11], 10, 64)
+	user, err = strconv.ParseInt(fields[11], 10, 64)
 	require.NoError(t, err)
-	stime, err := strconv.ParseInt(fields[12], 10, 64)
+	system, err = strconv.ParseInt(fields[12], 10, 64)
 	require.NoError(t, err)
-	return utime + stime
+	return user, system
 }
 
 func procStatusKiB(t *testing.T, pid int, key string) int64 {

@@ -10,6 +10,7 @@ import (
 	"mime"
 	"net"
 	"net/http"
+	"net/http/httputil"
 	"net/url"
 	"os"
 	"strings"
@@ -78,6 +79,9 @@ type PodScraper struct {
 	src     *connReader // what br reads from: conn, waiting or not
 	br      *bufio.Reader
 	parser  *Parser // remembers this pod's page between scrapes
+	head    answerHead
+	// acceptedType is the last Content-Type value found to be text/plain.
+	acceptedType string
 }
 
 // ForURL returns a PodScraper for an http:// URL (as built by URL).
@@ -215,40 +219,70 @@ func (p *PodScraper) receive(deadline time.Time, arrivedOnly bool) (PodMetrics, 
 
 // readBody reads a 200 text/plain answer's body into buf.
 func (p *PodScraper) readBody(buf *bytes.Buffer) error {
-	resp, err := http.ReadResponse(p.br, nil)
-	if err != nil {
-		return err
-	}
-	// On any refusal the connection is dropped before the body is closed:
-	// closing a response body reads it to its end, which for an endless
-	// body would last until the deadline.
+	// On any failure the connection is dropped; on a refusal without
+	// reading the body, which may be endless.
 	refuse := func(err error) error {
 		p.Close()
-		_ = resp.Body.Close()
 		return err
 	}
-	if resp.StatusCode != http.StatusOK {
-		return refuse(scrapeErr(wire.ScrapeHTTPStatus, "GET %s: status %d", p.addr, resp.StatusCode))
+	h := &p.head
+	if err := readAnswerHead(p.br, h); err != nil {
+		return refuse(err) // a plain I/O or format error: the caller may retry
 	}
-	ct := resp.Header.Get("Content-Type")
-	if mt, _, err := mime.ParseMediaType(ct); err != nil || mt != "text/plain" {
-		return refuse(scrapeErr(wire.ScrapeBadContentType, "GET %s: content type %q, want text/plain", p.addr, ct))
+	if h.status != http.StatusOK {
+		return refuse(scrapeErr(wire.ScrapeHTTPStatus, "GET %s: status %d", p.addr, h.status))
 	}
-	if n := resp.ContentLength; n > 0 && n <= p.s.MaxBodyBytes {
-		buf.Grow(int(n) + 1) // +1: room for the probe byte past the cap
+	if !p.textPlain(h.contentType) {
+		return refuse(scrapeErr(wire.ScrapeBadContentType, "GET %s: content type %q, want text/plain", p.addr, h.contentType))
+	}
+	var body io.Reader
+	switch {
+	case h.chunked:
+		body = httputil.NewChunkedReader(p.br)
+	case h.contentLength > p.s.MaxBodyBytes:
+		return refuse(scrapeErr(wire.ScrapeBodyTooLarge, "GET %s: body of %d bytes, over %d", p.addr, h.contentLength, p.s.MaxBodyBytes))
+	case h.contentLength >= 0:
+		buf.Grow(int(h.contentLength))
+		body = io.LimitReader(p.br, h.contentLength)
+	default:
+		body = p.br // to the end of the connection
 	}
 	// Read one byte past the cap to tell "exactly the cap" from "more".
-	if _, err := buf.ReadFrom(io.LimitReader(resp.Body, p.s.MaxBodyBytes+1)); err != nil {
+	if _, err := buf.ReadFrom(io.LimitReader(body, p.s.MaxBodyBytes+1)); err != nil {
 		return refuse(classify(context.Background(), err)) // a body cut short is not retried
 	}
 	if int64(buf.Len()) > p.s.MaxBodyBytes {
 		return refuse(scrapeErr(wire.ScrapeBodyTooLarge, "GET %s: body over %d bytes", p.addr, p.s.MaxBodyBytes))
 	}
-	_ = resp.Body.Close() // at its end already: reads nothing more
-	if resp.Close {
-		p.Close() // the server said so
+	if h.contentLength >= 0 && int64(buf.Len()) < h.contentLength {
+		return refuse(classify(context.Background(), io.ErrUnexpectedEOF))
+	}
+	if h.chunked {
+		// The chunk reader stops after the last chunk's size line; the
+		// trailer fields and the empty line that ends them follow.
+		if err := readTrailer(p.br); err != nil {
+			return refuse(classify(context.Background(), err))
+		}
+	}
+	if h.close {
+		p.Close() // the server said so, or the body ran to the end
 	}
 	return nil
+}
+
+// textPlain reports whether a Content-Type is text/plain (parameters
+// allowed). The media type is parsed only when the pod sends another value
+// than the last accepted one: it sends the same every time.
+func (p *PodScraper) textPlain(ct []byte) bool {
+	if p.acceptedType != "" && string(ct) == p.acceptedType {
+		return true
+	}
+	mt, _, err := mime.ParseMediaType(string(ct))
+	if err != nil || mt != "text/plain" {
+		return false
+	}
+	p.acceptedType = string(ct)
+	return true
 }
 
 // Scraped is one pod's outcome in a Sweep.
