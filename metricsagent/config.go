@@ -76,7 +76,7 @@ func newFlagSet(cfg *Config, kvNames *string, logLevel *string) *flag.FlagSet {
 	fs.DurationVar(&cfg.Interval, "interval", 50*time.Millisecond, "time between two scrape-and-push cycles")
 	fs.DurationVar(&cfg.ScrapeTimeout, "scrape-timeout", 40*time.Millisecond, "timeout of one scrape; must be shorter than --interval")
 	fs.Int64Var(&cfg.MaxBodyBytes, "max-body-bytes", 4<<20, "largest metrics body read; a longer one fails the scrape")
-	fs.BoolVar(&cfg.AskForNames, "metrics-name-filter", true, "ask pods for only the families read (Prometheus name[] query parameters, honoured by vLLM's prometheus_client; others ignore them)")
+	fs.BoolVar(&cfg.AskForNames, "metrics-name-filter", true, "ask pods for only the families read (Prometheus name[] query parameters: prometheus_client's handlers honour them; current vLLM's /metrics route ignores them and sends the whole page)")
 	fs.StringVar(&cfg.Names.Waiting, "metric-waiting", d.Waiting, "gauge of waiting requests")
 	fs.StringVar(&cfg.Names.Running, "metric-running", d.Running, "gauge of running requests")
 	fs.StringVar(kvNames, "metric-kv-usage", strings.Join(d.KVUsage, ","), "gauges of KV-cache usage (0..1), comma-separated, first present wins")

@@ -21,7 +21,8 @@ import (
 )
 
 // acceptHeader asks for the classic text format, the one expfmt's
-// TextParser reads (vLLM's prometheus_client honours it).
+// TextParser reads (prometheus_client's exposition honours it; vLLM's
+// /metrics route sends that format whatever is asked).
 const acceptHeader = "text/plain;version=0.0.4"
 
 // Scraper holds what every pod's scrape shares. PodScraper does the work.
@@ -33,11 +34,15 @@ type Scraper struct {
 	MaxBodyBytes int64
 	Names        MetricNames
 	// AskForNames adds Prometheus' name[] query parameters naming the
-	// families read, so the server renders only those: prometheus_client,
-	// which vLLM serves /metrics with, honours them (exposition.py
-	// _bake_output, restricted_registry). A 30-100 KB page shrinks to about
-	// 1 KB, which saves the pod most of its rendering work. Servers that
-	// ignore the parameters send the whole page and the agent filters it.
+	// families read, so a server that honours them renders only those:
+	// prometheus_client's own handlers do (exposition.py _bake_output,
+	// restricted_registry), and a 30-100 KB page shrinks to about 1 KB,
+	// which saves the pod most of its rendering work. Current vLLM does
+	// not: its /metrics is prometheus-fastapi-instrumentator's route
+	// (vllm/entrypoints/serve/instrumentator/metrics.py), which renders
+	// the whole registry; it is matched before prometheus_client's ASGI
+	// mount. Whole pages cost the agent a line filter before the parser
+	// (a few µs per 26 KB page), so the agent asks anyway.
 	AskForNames bool
 
 	bufs sync.Pool // *bytes.Buffer, reused across scrapes
