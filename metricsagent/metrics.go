@@ -28,7 +28,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	ms := []float64{.0005, .001, .0025, .005, .01, .02, .04, .08, .16, .32}
 	m := &Metrics{
 		ScrapeDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
-			Name: "wasm_epp_agent_scrape_duration_seconds", Help: "Time to scrape and parse one pod's metrics, failed scrapes included.", Buckets: ms,
+			Name: "wasm_epp_agent_scrape_duration_seconds", Help: "Time from the cycle's requests going out to this pod's page being read and parsed (or its scrape failing).", Buckets: ms,
 		}, []string{"pod"}),
 		ScrapeErrors: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "wasm_epp_agent_scrape_errors_total", Help: "Failed scrapes by pod and reason (timeout, http_status, invalid_value, ...).",

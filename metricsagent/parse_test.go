@@ -258,7 +258,7 @@ func FuzzParseMetrics(f *testing.F) {
 // BenchmarkParseMetrics reads the vLLM v1 golden page, whole (26 KB) and
 // restricted to the families asked for by name[] (about 1 KB), with
 // ParseMetrics (expfmt every time) and with a Parser over pages whose
-// values change on every scrape, as a pod's scrape worker does.
+// values change on every scrape, as a pod's PodScraper does.
 func BenchmarkParseMetrics(b *testing.B) {
 	names := DefaultMetricNames()
 	asked := append([]string{names.Waiting, names.Running, names.LoRAInfo}, names.KVUsage...)

@@ -11,7 +11,7 @@ import (
 var errUnsupportedFloat = errors.New("unsupported character in float")
 
 // Parser parses the pages of one pod, scrape after scrape. It is not safe
-// for concurrent use (each pod's scrape worker owns one).
+// for concurrent use (each pod's PodScraper owns one).
 //
 // Every page goes through the same line filter as ParseMetrics. The filtered
 // text of a pod hardly changes between scrapes: the same TYPE lines and the
@@ -39,7 +39,7 @@ type Parser struct {
 	newSlots  []valueSlot
 
 	// FullParses and ValueParses count pages by path; reading them is for
-	// the owner's goroutine (tests and the scrape worker).
+	// the owner's goroutine (tests and the agent's cycle).
 	FullParses, ValueParses uint64
 }
 
