@@ -17,7 +17,7 @@ import (
 // allocations. The rules are net/http's (net/http/response.go ReadResponse,
 // transfer.go, net/textproto ReadMIMEHeader) for everything the agent
 // reads; FuzzReadAnswerHead holds the two to the same answers. Where this
-// reader is stricter it says so; it is never more lenient.
+// reader is stricter its error wraps errStricter; it is never more lenient.
 type answerHead struct {
 	status int
 	// contentType is the first Content-Type value, in the reader's own
@@ -41,6 +41,15 @@ const maxHeadBytes = 64 << 10
 
 // errMalformedAnswer is an answer that is not HTTP/1.x as net/http reads it.
 var errMalformedAnswer = errors.New("malformed HTTP answer")
+
+// errStricter marks the answers this reader refuses though net/http reads
+// them: a folded field line (a line beginning with a blank; no model
+// server folds), and heads, trailers or lines over this reader's bounds.
+var errStricter = fmt.Errorf("%w (stricter than net/http)", errMalformedAnswer)
+
+func stricter(format string, args ...any) error {
+	return fmt.Errorf("%w: "+format, append([]any{errStricter}, args...)...)
+}
 
 func malformed(format string, args ...any) error {
 	return fmt.Errorf("%w: "+format, append([]any{errMalformedAnswer}, args...)...)
@@ -74,11 +83,13 @@ func readAnswerHead(br *bufio.Reader, h *answerHead) error {
 	h.status = n
 
 	f := &h.fields
-	if err := readFields(br, &budget, f); err != nil {
+	if err := readFields(br, &budget, f, false); err != nil {
 		return err
 	}
-	atLeast11 := major > 1 || major == 1 && minor >= 1
-	if f.encodings > 0 && atLeast11 { // HTTP/1.0 has no transfer codings: net/http ignores them
+	// Transfer codings need HTTP/1.1; net/http ignores them before, but
+	// reads an "HTTP/0.0" answer's as 1.1 (transfer.go readTransfer).
+	atLeast11 := major > 1 || major == 1 && minor >= 1 || major == 0 && minor == 0
+	if f.encodings > 0 && atLeast11 {
 		if f.encodings > 1 || !asciiEqualFold(f.encoding, "chunked") {
 			return malformed("Transfer-Encoding %q: only a single chunked is read", f.encoding)
 		}
@@ -132,7 +143,10 @@ type headFields struct {
 // surrounding blanks trimmed, a name of token characters (spaces allowed,
 // but such a name matches no field: textproto does not canonicalize it),
 // a value of visible characters, blanks and obs-text.
-func readFields(br *bufio.Reader, budget *int, f *headFields) error {
+//
+// In a trailer (trailer true) only the line rules apply: net/http merges
+// trailer fields without reading them.
+func readFields(br *bufio.Reader, budget *int, f *headFields, trailer bool) error {
 	*f = headFields{length: f.length[:0], encoding: f.encoding[:0], contentType: f.contentType[:0]}
 	for {
 		line, err := readHeadLine(br, budget)
@@ -146,7 +160,7 @@ func readFields(br *bufio.Reader, budget *int, f *headFields) error {
 			// net/textproto refuses it before the first field and folds
 			// it into the previous one after; no model server folds,
 			// and this reader refuses both.
-			return malformed("header line %q begins with a blank", line)
+			return stricter("header line %q begins with a blank", line)
 		}
 		line = bytes.TrimRight(line, " \t")
 		name, value, ok := bytes.Cut(line, []byte(":"))
@@ -159,6 +173,9 @@ func readFields(br *bufio.Reader, budget *int, f *headFields) error {
 			}
 		}
 		value = bytes.TrimLeft(value, " \t")
+		if trailer {
+			continue
+		}
 		switch {
 		case asciiEqualFold(name, "Content-Length"):
 			// Several are allowed only if they agree (transfer.go fixLength).
@@ -204,23 +221,27 @@ func readTrailer(br *bufio.Reader) error {
 		_, _ = br.Discard(2)
 		return nil
 	}
+	if err != nil && !errors.Is(err, io.EOF) {
+		return err // a timeout stays a timeout
+	}
 	if len(buf) < 2 {
 		return io.ErrUnexpectedEOF
-	}
-	if err != nil {
-		return err
 	}
 	for size := 4; ; size++ {
 		buf, err := br.Peek(size)
 		if bytes.HasSuffix(buf, []byte("\r\n\r\n")) {
 			break
 		}
-		if err != nil {
+		switch {
+		case err == nil:
+		case errors.Is(err, io.EOF), errors.Is(err, bufio.ErrBufferFull):
 			return malformed("trailer after the chunked body does not end in sight")
+		default:
+			return err
 		}
 	}
 	budget := maxHeadBytes
-	return readFields(br, &budget, &headFields{})
+	return readFields(br, &budget, &headFields{}, true)
 }
 
 // readHeadLine returns the next line of the head without its "\n" or
@@ -229,13 +250,13 @@ func readTrailer(br *bufio.Reader) error {
 func readHeadLine(br *bufio.Reader, budget *int) ([]byte, error) {
 	line, err := br.ReadSlice('\n')
 	if errors.Is(err, bufio.ErrBufferFull) {
-		return nil, malformed("head line longer than %d bytes", br.Size())
+		return nil, stricter("head line longer than %d bytes", br.Size())
 	}
 	if err != nil {
 		return nil, err // io.EOF before the head ended included: a plain I/O error
 	}
 	if *budget -= len(line); *budget < 0 {
-		return nil, malformed("head over %d bytes", maxHeadBytes)
+		return nil, stricter("head over %d bytes", maxHeadBytes)
 	}
 	line = line[:len(line)-1]
 	if n := len(line); n > 0 && line[n-1] == '\r' {

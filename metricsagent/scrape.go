@@ -308,11 +308,13 @@ type Scraped struct {
 // find the socket empty, sleep and be woken for each one. If a pod is slow,
 // Sweep waits for it, at most until the deadline; answers of the pods after
 // it keep arriving meanwhile, and once the deadline has passed Sweep takes
-// what each remaining pod has sent without waiting any longer: a pod is
-// only failed for being late if its answer was not complete by the
-// deadline. Pods without an open connection, and pods whose kept-alive
-// connection turns out closed, are scraped in a goroutine of their own
-// (dial, send, receive), within the same deadline.
+// what each remaining pod has sent without waiting any longer: a pod fails
+// for being late only if its answer is not complete when Sweep comes to it
+// (an answer that completed just after the deadline, while Sweep was busy
+// with others, is taken). Pods without an open connection, and pods whose
+// kept-alive connection the pod closed (looked for with a peek before the
+// request goes out), are scraped in a goroutine of their own (dial, send,
+// receive), within the same deadline.
 func (s *Scraper) Sweep(ctx context.Context, pods []*PodScraper, deadline time.Time, out []Scraped) {
 	var wg sync.WaitGroup
 	alone := func(i int) {
@@ -326,6 +328,16 @@ func (s *Scraper) Sweep(ctx context.Context, pods []*PodScraper, deadline time.T
 	sent := make([]bool, len(pods))
 	for i, p := range pods {
 		if p.conn == nil {
+			alone(i)
+			continue
+		}
+		// A connection the pod closed while idle (a restart, a keep-alive
+		// timeout) takes the request without complaint and only fails
+		// when its answer is read, which may be after the deadline if an
+		// earlier pod is slow: look for it now, and scrape such a pod on
+		// a fresh connection right away.
+		if p.src.sock.closedByPeer() {
+			p.Close()
 			alone(i)
 			continue
 		}
@@ -365,7 +377,20 @@ type connReader struct {
 	arrivedOnly bool
 }
 
-func (r *connReader) Read(b []byte) (int, error) { return r.sock.read(b, r.arrivedOnly) }
+func (r *connReader) Read(b []byte) (int, error) {
+	if !r.arrivedOnly {
+		n, err := r.sock.read(b, false)
+		if !errors.Is(err, os.ErrDeadlineExceeded) {
+			return n, err
+		}
+		// The deadline passed while waiting, or before this read of an
+		// answer already under way (a large page takes several reads):
+		// what has arrived by now still counts, and nothing more is
+		// awaited.
+		r.arrivedOnly = true
+	}
+	return r.sock.read(b, true)
+}
 
 // classify turns an I/O error into a *ScrapeError (kept as is if it is one).
 func classify(ctx context.Context, err error) *ScrapeError {

@@ -1,6 +1,7 @@
 package metricsagent
 
 import (
+	"bufio"
 	"context"
 	"net"
 	"net/http"
@@ -205,4 +206,70 @@ func TestSweepPastDeadlineFailsEveryPodAsTimeout(t *testing.T) {
 	require.Equal(t, []wire.ScrapeStatus{wire.ScrapeOK, wire.ScrapeOK}, sweepStatuses(out))
 	s.Sweep(context.Background(), pods, time.Now().Add(-time.Millisecond), out)
 	require.Equal(t, []wire.ScrapeStatus{wire.ScrapeTimeout, wire.ScrapeTimeout}, sweepStatuses(out), "%v / %v", out[0].Err, out[1].Err)
+}
+
+// rawServer answers every request on a connection with answer, byte for
+// byte, for answers no net/http server would write.
+func rawServer(t *testing.T, answer []byte) string {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = ln.Close() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				br := bufio.NewReader(c)
+				for {
+					for { // the request head
+						line, err := br.ReadString('\n')
+						if err != nil {
+							return
+						}
+						if line == "\r\n" {
+							break
+						}
+					}
+					if _, err := c.Write(answer); err != nil {
+						return
+					}
+				}
+			}()
+		}
+	}()
+	return ln.Addr().String()
+}
+
+func TestSweepRetriesAPodThatClosedWhileIdleBehindASlowPod(t *testing.T) {
+	slow, idle := newGatedServer(t, false), newGatedServer(t, false)
+	s := &Scraper{Timeout: 5e9, MaxBodyBytes: 1 << 20, Names: DefaultMetricNames()}
+	pods := sweepPods(t, s, slow.Server, idle.Server)
+	out := make([]Scraped, len(pods))
+	s.Sweep(context.Background(), pods, time.Now().Add(5*time.Second), out)
+	require.Equal(t, []wire.ScrapeStatus{wire.ScrapeOK, wire.ScrapeOK}, sweepStatuses(out))
+
+	// The second pod's server drops its idle connection; the first pod is
+	// slow this cycle and holds the sweep until the deadline. The second
+	// is still scraped, on a fresh connection, in time.
+	idle.CloseClientConnections()
+	require.Eventually(t, pods[1].src.sock.closedByPeer, 5*time.Second, time.Millisecond, "the close reaches the agent's socket")
+	slow.gated.Store(true)
+	s.Sweep(context.Background(), pods, time.Now().Add(300*time.Millisecond), out)
+	require.Equal(t, []wire.ScrapeStatus{wire.ScrapeTimeout, wire.ScrapeOK}, sweepStatuses(out), "%v / %v", out[0].Err, out[1].Err)
+}
+
+func TestTimeoutInAChunkedTrailerIsATimeout(t *testing.T) {
+	body := string(golden(t, "vllm-v1.txt"))
+	// The last chunk comes, the empty line that ends the trailer never does.
+	answer := []byte("HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nTransfer-Encoding: chunked\r\n\r\n" +
+		strconv.FormatInt(int64(len(body)), 16) + "\r\n" + body + "\r\n0\r\n")
+	s := &Scraper{Timeout: 100 * time.Millisecond, MaxBodyBytes: 1 << 20, Names: DefaultMetricNames()}
+	p, err := s.ForURL("http://" + rawServer(t, answer) + "/metrics")
+	require.NoError(t, err)
+	defer p.Close()
+	_, err = p.Scrape(context.Background())
+	require.Equal(t, wire.ScrapeTimeout, StatusOf(err), "%v", err)
 }

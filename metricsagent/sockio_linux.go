@@ -114,3 +114,34 @@ func (s rawSocket) write(b []byte) (int, error) {
 	}
 	return written, err
 }
+
+// closedByPeer reports, without waiting, whether the peer has closed or
+// reset the connection, or sent bytes nobody asked for (either way the
+// connection cannot carry the next request's answer cleanly). It peeks, so
+// nothing is consumed.
+func (s rawSocket) closedByPeer() bool {
+	if s.raw == nil {
+		return false
+	}
+	var one [1]byte
+	var errno syscall.Errno
+	err := s.raw.Control(func(fd uintptr) {
+		for {
+			_, _, errno = syscall.RawSyscall6(syscall.SYS_RECVFROM, fd, uintptr(unsafe.Pointer(&one[0])), 1,
+				syscall.MSG_PEEK|syscall.MSG_DONTWAIT, 0, 0)
+			if errno != syscall.EINTR {
+				return
+			}
+		}
+	})
+	switch {
+	case err != nil:
+		return true
+	case errno == syscall.EAGAIN:
+		return false // open, nothing pending: the usual case
+	case errno != 0:
+		return true // reset
+	default:
+		return true // 0 bytes: the peer's FIN; 1: a byte nobody asked for
+	}
+}
