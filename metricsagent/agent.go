@@ -26,8 +26,8 @@ type Agent struct {
 	limits   wire.Limits
 
 	seq      uint64
-	pods     map[string]*podState   // by Target.Key
-	scrapers map[string]*podScraper // by Target.Key
+	pods     map[TargetKey]*podState
+	scrapers map[TargetKey]*podScraper
 	ready    atomic.Bool
 	cycles   atomic.Uint64
 }
@@ -85,8 +85,8 @@ func NewAgent(o Options) *Agent {
 		// receiver, which refuses a sequence not above the last accepted,
 		// takes the new process at once without any state kept on disk.
 		seq:      uint64(o.Now().UnixNano()),
-		pods:     map[string]*podState{},
-		scrapers: map[string]*podScraper{},
+		pods:     map[TargetKey]*podState{},
+		scrapers: map[TargetKey]*podScraper{},
 	}
 }
 
@@ -177,7 +177,7 @@ type scrapeResult struct {
 func (a *Agent) Cycle(ctx context.Context) []byte {
 	start := time.Now()
 	targets := a.disc.Targets()
-	seen := make(map[string]bool, len(targets))
+	seen := make(map[TargetKey]bool, len(targets))
 	targets = slices.DeleteFunc(slices.Clone(targets), func(t Target) bool { // one scrape per target and cycle
 		dup := seen[t.Key()]
 		seen[t.Key()] = true

@@ -32,10 +32,20 @@ type Target struct {
 	URL string
 }
 
-// Key identifies a target across cycles. A pod that comes back with a new
-// IP is a new target: its old values say nothing about the new process.
-func (t Target) Key() string {
-	return t.Namespace + "/" + t.Name + "@" + netip.AddrPortFrom(t.Address, t.Port).String()
+// TargetKey identifies a target across cycles. A pod that comes back with
+// a new IP is a new target: its old values say nothing about the new
+// process. It is a comparable value, not a string, so the agent's maps are
+// looked up several times per pod and cycle without building one.
+type TargetKey struct {
+	Namespace, Name string
+	Addr            netip.AddrPort
+}
+
+func (k TargetKey) String() string { return k.Namespace + "/" + k.Name + "@" + k.Addr.String() }
+
+// Key returns the target's key.
+func (t Target) Key() TargetKey {
+	return TargetKey{Namespace: t.Namespace, Name: t.Name, Addr: netip.AddrPortFrom(t.Address, t.Port)}
 }
 
 // ID is the namespace/name label used in logs and metrics.

@@ -23,25 +23,40 @@ import (
 // timer sleep costs tens of µs of CPU that monitor took a sixth of the
 // agent's CPU (measured with perf; BENCHMARKS.md). A call that cannot
 // block needs no such notice.
-type rawSocket struct {
+type rawSocket = *rawSock
+
+type rawSock struct {
 	conn net.Conn
 	raw  syscall.RawConn // nil: not a socket with a descriptor (then conn is used)
+
+	// The RawConn callbacks, made once per connection (a closure built
+	// per call would be an allocation per read and write), and what each
+	// works on. Reads and writes may run at once on two goroutines (as
+	// http.Transport does), so each has its own fields; two reads or two
+	// writes never overlap.
+	readFn, writeFn        func(fd uintptr) bool
+	peekFn                 func(fd uintptr)
+	rbuf, wbuf             []byte
+	rdone, wdone           int
+	arrivedOnly            bool
+	rerrno, werrno, perrno syscall.Errno
 }
 
 func newRawSocket(c net.Conn) rawSocket {
-	s := rawSocket{conn: c}
+	s := &rawSock{conn: c}
 	if sc, ok := c.(syscall.Conn); ok {
 		if raw, err := sc.SyscallConn(); err == nil {
 			s.raw = raw
 		}
 	}
+	s.readFn, s.writeFn, s.peekFn = s.readOnce, s.writeAll, s.peekOne
 	return s
 }
 
 // read reads into b, waiting for data up to the connection's deadline; with
 // arrivedOnly it never waits and returns os.ErrDeadlineExceeded when
 // nothing has arrived.
-func (s rawSocket) read(b []byte, arrivedOnly bool) (int, error) {
+func (s *rawSock) read(b []byte, arrivedOnly bool) (int, error) {
 	if s.raw == nil {
 		if arrivedOnly {
 			return 0, os.ErrDeadlineExceeded
@@ -58,20 +73,10 @@ func (s rawSocket) read(b []byte, arrivedOnly bool) (int, error) {
 	if len(b) == 0 {
 		return 0, nil
 	}
-	var n uintptr
-	var errno syscall.Errno
-	err := s.raw.Read(func(fd uintptr) bool {
-		for {
-			n, _, errno = syscall.RawSyscall(syscall.SYS_READ, fd, uintptr(unsafe.Pointer(&b[0])), uintptr(len(b)))
-			switch errno {
-			case syscall.EINTR:
-				continue
-			case syscall.EAGAIN:
-				return arrivedOnly // false: wait for the poller, then call again
-			}
-			return true
-		}
-	})
+	s.rbuf, s.rdone, s.arrivedOnly, s.rerrno = b, 0, arrivedOnly, 0
+	err := s.raw.Read(s.readFn)
+	n, errno := s.rdone, s.rerrno
+	s.rbuf = nil
 	switch {
 	case err != nil: // the deadline, or a closed connection
 		return 0, err
@@ -82,66 +87,95 @@ func (s rawSocket) read(b []byte, arrivedOnly bool) (int, error) {
 	case n == 0:
 		return 0, io.EOF
 	}
-	return int(n), nil
+	return n, nil
+}
+
+// readOnce is the read callback: one read(2); false asks the poller to
+// wait for data and call again.
+func (s *rawSock) readOnce(fd uintptr) bool {
+	for {
+		n, _, errno := syscall.RawSyscall(syscall.SYS_READ, fd, uintptr(unsafe.Pointer(&s.rbuf[0])), uintptr(len(s.rbuf)))
+		switch errno {
+		case syscall.EINTR:
+			continue
+		case syscall.EAGAIN:
+			s.rerrno = errno
+			return s.arrivedOnly
+		}
+		s.rdone, s.rerrno = int(n), errno
+		return true
+	}
 }
 
 // write writes all of b, waiting for room up to the connection's
 // deadline, and returns how much was written.
-func (s rawSocket) write(b []byte) (int, error) {
+func (s *rawSock) write(b []byte) (int, error) {
 	if s.raw == nil {
 		return s.conn.Write(b)
 	}
-	written := 0
-	var errno syscall.Errno
-	err := s.raw.Write(func(fd uintptr) bool {
-		for written < len(b) {
-			n, _, e := syscall.RawSyscall(syscall.SYS_WRITE, fd, uintptr(unsafe.Pointer(&b[written])), uintptr(len(b)-written))
-			switch e {
-			case 0:
-				written += int(n)
-			case syscall.EINTR:
-			case syscall.EAGAIN:
-				return false // wait for room
-			default:
-				errno = e
-				return true
-			}
-		}
-		return true
-	})
+	s.wbuf, s.wdone, s.werrno = b, 0, 0
+	err := s.raw.Write(s.writeFn)
+	written, errno := s.wdone, s.werrno
+	s.wbuf = nil
 	if err == nil && errno != 0 {
 		err = os.NewSyscallError("write", errno)
 	}
 	return written, err
 }
 
+// writeAll is the write callback: write(2) until all is written; false
+// asks the poller to wait for room and call again.
+func (s *rawSock) writeAll(fd uintptr) bool {
+	for s.wdone < len(s.wbuf) {
+		n, _, errno := syscall.RawSyscall(syscall.SYS_WRITE, fd, uintptr(unsafe.Pointer(&s.wbuf[s.wdone])), uintptr(len(s.wbuf)-s.wdone))
+		switch errno {
+		case 0:
+			s.wdone += int(n)
+		case syscall.EINTR:
+		case syscall.EAGAIN:
+			return false
+		default:
+			s.werrno = errno
+			return true
+		}
+	}
+	return true
+}
+
 // closedByPeer reports, without waiting, whether the peer has closed or
 // reset the connection, or sent bytes nobody asked for (either way the
 // connection cannot carry the next request's answer cleanly). It peeks, so
 // nothing is consumed.
-func (s rawSocket) closedByPeer() bool {
+func (s *rawSock) closedByPeer() bool {
 	if s.raw == nil {
 		return false
 	}
-	var one [1]byte
-	var errno syscall.Errno
-	err := s.raw.Control(func(fd uintptr) {
-		for {
-			_, _, errno = syscall.RawSyscall6(syscall.SYS_RECVFROM, fd, uintptr(unsafe.Pointer(&one[0])), 1,
-				syscall.MSG_PEEK|syscall.MSG_DONTWAIT, 0, 0)
-			if errno != syscall.EINTR {
-				return
-			}
-		}
-	})
+	s.perrno = 0
+	// Control, not Read: Read refuses at once once the connection's
+	// deadline (last cycle's) has passed.
+	err := s.raw.Control(s.peekFn)
 	switch {
 	case err != nil:
 		return true
-	case errno == syscall.EAGAIN:
+	case s.perrno == syscall.EAGAIN:
 		return false // open, nothing pending: the usual case
-	case errno != 0:
+	case s.perrno != 0:
 		return true // reset
 	default:
 		return true // 0 bytes: the peer's FIN; 1: a byte nobody asked for
+	}
+}
+
+// peekOne is the peek callback: recv(2) of one byte with MSG_PEEK and
+// MSG_DONTWAIT.
+func (s *rawSock) peekOne(fd uintptr) {
+	var one [1]byte
+	for {
+		_, _, errno := syscall.RawSyscall6(syscall.SYS_RECVFROM, fd, uintptr(unsafe.Pointer(&one[0])), 1,
+			syscall.MSG_PEEK|syscall.MSG_DONTWAIT, 0, 0)
+		if errno != syscall.EINTR {
+			s.perrno = errno
+			return
+		}
 	}
 }
