@@ -197,13 +197,20 @@ func TestSweepRetriesAConnectionClosedWhileIdle(t *testing.T) {
 	require.Equal(t, int64(2), conns.Load())
 }
 
-func TestSweepPastDeadlineFailsEveryPodAsTimeout(t *testing.T) {
-	a, b := newGatedServer(t, false), newGatedServer(t, false)
-	s := &Scraper{Timeout: 5e9, MaxBodyBytes: 1 << 20, Names: DefaultMetricNames()}
-	pods := sweepPods(t, s, a.Server, b.Server)
-	out := make([]Scraped, len(pods))
+// sweepTwo starts two gated pods and sweeps them once, so that both have a
+// kept-alive connection.
+func sweepTwo(t *testing.T) (first, second *gatedServer, s *Scraper, pods []*PodScraper, out []Scraped) {
+	first, second = newGatedServer(t, false), newGatedServer(t, false)
+	s = &Scraper{Timeout: 5e9, MaxBodyBytes: 1 << 20, Names: DefaultMetricNames()}
+	pods = sweepPods(t, s, first.Server, second.Server)
+	out = make([]Scraped, len(pods))
 	s.Sweep(context.Background(), pods, time.Now().Add(5*time.Second), out)
 	require.Equal(t, []wire.ScrapeStatus{wire.ScrapeOK, wire.ScrapeOK}, sweepStatuses(out))
+	return first, second, s, pods, out
+}
+
+func TestSweepPastDeadlineFailsEveryPodAsTimeout(t *testing.T) {
+	_, _, s, pods, out := sweepTwo(t)
 	s.Sweep(context.Background(), pods, time.Now().Add(-time.Millisecond), out)
 	require.Equal(t, []wire.ScrapeStatus{wire.ScrapeTimeout, wire.ScrapeTimeout}, sweepStatuses(out), "%v / %v", out[0].Err, out[1].Err)
 }
@@ -244,12 +251,7 @@ func rawServer(t *testing.T, answer []byte) string {
 }
 
 func TestSweepRetriesAPodThatClosedWhileIdleBehindASlowPod(t *testing.T) {
-	slow, idle := newGatedServer(t, false), newGatedServer(t, false)
-	s := &Scraper{Timeout: 5e9, MaxBodyBytes: 1 << 20, Names: DefaultMetricNames()}
-	pods := sweepPods(t, s, slow.Server, idle.Server)
-	out := make([]Scraped, len(pods))
-	s.Sweep(context.Background(), pods, time.Now().Add(5*time.Second), out)
-	require.Equal(t, []wire.ScrapeStatus{wire.ScrapeOK, wire.ScrapeOK}, sweepStatuses(out))
+	slow, idle, s, pods, out := sweepTwo(t)
 
 	// The second pod's server drops its idle connection; the first pod is
 	// slow this cycle and holds the sweep until the deadline. The second
