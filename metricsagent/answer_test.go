@@ -19,7 +19,8 @@ import (
 // netHTTPBody is the oracle for readBody: the same checks made on what
 // net/http's ReadResponse gives (the agent read answers that way before).
 func netHTTPBody(data []byte, maxBody int64) (body []byte, closeAfter bool, err error) {
-	resp, err := http.ReadResponse(bufio.NewReader(bytes.NewReader(data)), nil)
+	// The agent's buffer size: net/http bounds a trailer by its buffer.
+	resp, err := http.ReadResponse(bufio.NewReaderSize(bytes.NewReader(data), readBufferBytes), nil)
 	if err != nil {
 		return nil, false, err
 	}

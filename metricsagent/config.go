@@ -144,6 +144,11 @@ func ParseConfig(args []string, getenv func(string) string, out io.Writer) (Conf
 	return cfg, cfg.validate()
 }
 
+// maxBodyLimit bounds --max-body-bytes: a metrics page is kilobytes; a cap
+// near the address space would only let a broken pod make the agent
+// allocate that much.
+const maxBodyLimit = 256 << 20
+
 func (c *Config) validate() error {
 	var errs []error
 	bad := func(format string, args ...any) { errs = append(errs, fmt.Errorf(format, args...)) }
@@ -159,8 +164,8 @@ func (c *Config) validate() error {
 	if c.MaxProcs < 0 {
 		bad("--max-procs must not be negative")
 	}
-	if c.MaxBodyBytes <= 0 {
-		bad("--max-body-bytes must be positive")
+	if c.MaxBodyBytes <= 0 || c.MaxBodyBytes > maxBodyLimit {
+		bad("--max-body-bytes must be between 1 and %d (256 MiB)", maxBodyLimit)
 	}
 	if c.Targets == "" {
 		if c.NodeName == "" {

@@ -90,6 +90,8 @@ func TestParseConfigErrors(t *testing.T) {
 		{"stray argument", append(base, "extra"), minimal, "unexpected arguments"},
 		{"bad path", append(base, "--push-path", "push"), minimal, "must start with /"},
 		{"empty kv names", append(base, "--metric-kv-usage", " , "), minimal, "--metric-kv-usage"},
+		{"body cap zero", append(base, "--max-body-bytes", "0"), minimal, "--max-body-bytes must be between 1 and"},
+		{"body cap beyond any page", append(base, "--max-body-bytes", "4611686018427387904"), minimal, "--max-body-bytes must be between 1 and"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

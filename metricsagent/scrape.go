@@ -123,6 +123,11 @@ func (p *PodScraper) Close() {
 // up to 64 KB. The buffer is per pod connection: 100 pods hold 3.2 MB.
 const readBufferBytes = 32 << 10
 
+// growForBodyBytes bounds the room made for a body from its Content-Length
+// alone (vLLM pages are tens of KB); a longer body grows the buffer as it
+// arrives.
+const growForBodyBytes = 256 << 10
+
 // keepBufferBytes: body buffers that grew beyond this go back to the
 // garbage collector instead of the pool, so one huge page does not pin memory.
 const keepBufferBytes = 1 << 20
@@ -247,7 +252,9 @@ func (p *PodScraper) readBody(buf *bytes.Buffer) error {
 	case h.contentLength > p.s.MaxBodyBytes:
 		return refuse(scrapeErr(wire.ScrapeBodyTooLarge, "GET %s: body of %d bytes, over %d", p.addr, h.contentLength, p.s.MaxBodyBytes))
 	case h.contentLength >= 0:
-		buf.Grow(int(h.contentLength))
+		// Room for the announced body, up to what a real page needs: the
+		// head alone must not decide how much is allocated.
+		buf.Grow(int(min(h.contentLength, growForBodyBytes)))
 		body = io.LimitReader(p.br, h.contentLength)
 	default:
 		body = p.br // to the end of the connection
@@ -269,8 +276,11 @@ func (p *PodScraper) readBody(buf *bytes.Buffer) error {
 			return refuse(classify(context.Background(), err))
 		}
 	}
-	if h.close {
-		p.Close() // the server said so, or the body ran to the end
+	// Bytes past the answer are an answer nobody asked for (net/http drops
+	// such a connection too): left in the reader, they would pass for the
+	// next cycle's answer.
+	if h.close || p.br.Buffered() > 0 {
+		p.Close() // or the server said so, or the body ran to the end
 	}
 	return nil
 }

@@ -275,3 +275,21 @@ func TestTimeoutInAChunkedTrailerIsATimeout(t *testing.T) {
 	_, err = p.Scrape(context.Background())
 	require.Equal(t, wire.ScrapeTimeout, StatusOf(err), "%v", err)
 }
+
+func TestBytesPastTheAnswerAreNotTheNextAnswer(t *testing.T) {
+	answer := func(running int) string {
+		body := string(page(waiting2, "# TYPE vllm:num_requests_running gauge", "vllm:num_requests_running "+strconv.Itoa(running), kvV1))
+		return "HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: " + strconv.Itoa(len(body)) + "\r\n\r\n" + body
+	}
+	// Every request gets its answer and, in the same write, one more that
+	// nobody asked for.
+	s := &Scraper{Timeout: 5 * time.Second, MaxBodyBytes: 1 << 20, Names: DefaultMetricNames()}
+	p, err := s.ForURL("http://" + rawServer(t, []byte(answer(1)+answer(2))) + "/metrics")
+	require.NoError(t, err)
+	defer p.Close()
+	for range 3 {
+		m, err := p.Scrape(context.Background())
+		require.NoError(t, err)
+		require.Equal(t, uint32(1), m.Running, "each scrape reads the answer to its own request")
+	}
+}

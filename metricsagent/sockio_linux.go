@@ -94,7 +94,7 @@ func (s *rawSock) read(b []byte, arrivedOnly bool) (int, error) {
 // wait for data and call again.
 func (s *rawSock) readOnce(fd uintptr) bool {
 	for {
-		n, _, errno := syscall.RawSyscall(syscall.SYS_READ, fd, uintptr(unsafe.Pointer(&s.rbuf[0])), uintptr(len(s.rbuf)))
+		n, errno := sysRead(fd, s.rbuf)
 		switch errno {
 		case syscall.EINTR:
 			continue
@@ -102,7 +102,7 @@ func (s *rawSock) readOnce(fd uintptr) bool {
 			s.rerrno = errno
 			return s.arrivedOnly
 		}
-		s.rdone, s.rerrno = int(n), errno
+		s.rdone, s.rerrno = n, errno
 		return true
 	}
 }
@@ -127,10 +127,10 @@ func (s *rawSock) write(b []byte) (int, error) {
 // asks the poller to wait for room and call again.
 func (s *rawSock) writeAll(fd uintptr) bool {
 	for s.wdone < len(s.wbuf) {
-		n, _, errno := syscall.RawSyscall(syscall.SYS_WRITE, fd, uintptr(unsafe.Pointer(&s.wbuf[s.wdone])), uintptr(len(s.wbuf)-s.wdone))
+		n, errno := sysWrite(fd, s.wbuf[s.wdone:])
 		switch errno {
 		case 0:
-			s.wdone += int(n)
+			s.wdone += n
 		case syscall.EINTR:
 		case syscall.EAGAIN:
 			return false
