@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -45,8 +46,9 @@ import (
 //	  go test -run TestResourceUsage -v -count=1 ./metricsagent/
 //
 // WASM_EPP_RESOURCE_SECONDS changes the measured window (default 10);
-// WASM_EPP_RESOURCE_ARGS adds agent flags. The CPU and RSS limits are
-// asserted only with the default flags.
+// WASM_EPP_RESOURCE_ARGS adds agent flags. The CPU bound is checked on the
+// median of the window's five parts, the RSS bound at the end, and both
+// only with the default flags.
 func TestResourceUsage(t *testing.T) {
 	if os.Getenv("WASM_EPP_RESOURCE_TEST") != "1" {
 		t.Skip("set WASM_EPP_RESOURCE_TEST=1 to measure the agent's CPU and RSS")
@@ -143,10 +145,24 @@ func TestResourceUsage(t *testing.T) {
 	user0, sys0 := cpuTicks(t, pid)
 	scrapes0, pushes0, full0 := scrapes.Load(), pushes.Load(), full.Load()
 	failed0 := failedScrapes(t, listen)
+	// The window is measured in five parts too: the machine's noise comes
+	// in bursts, and the bound is checked on the median part (the figures
+	// in BENCHMARKS.md are medians as well).
+	const parts = 5
 	start := time.Now()
-	time.Sleep(window)
+	var shares []float64
+	lastTicks, lastAt := user0+sys0, start
+	for range parts {
+		time.Sleep(window / parts)
+		u, s := cpuTicks(t, pid)
+		now := time.Now()
+		shares = append(shares, float64(u+s-lastTicks)/100/now.Sub(lastAt).Seconds()) // USER_HZ is 100
+		lastTicks, lastAt = u+s, now
+	}
 	user1, sys1 := cpuTicks(t, pid)
 	elapsed := time.Since(start)
+	slices.Sort(shares)
+	medianShare := shares[parts/2]
 	cpu0, cpu1 := user0+sys0, user1+sys1
 	rss, hwm := procStatusKiB(t, pid, "VmRSS:"), procStatusKiB(t, pid, "VmHWM:")
 	nScrapes, nPushes, nFull := scrapes.Load()-scrapes0, pushes.Load()-pushes0, full.Load()-full0
@@ -159,8 +175,8 @@ func TestResourceUsage(t *testing.T) {
 	if honourNames {
 		mode = "restricted pages"
 	}
-	t.Logf("agent (%s) over %.1fs: CPU %.1f%% of one core, RSS %.1f MiB (peak %.1f MiB); %d scrapes (%.0f/s, %.0f µs CPU each: %.0f user, %.0f system; %d failed), %d pushes (%d with all 100 endpoints, %.1f/s)",
-		mode, elapsed.Seconds(), 100*cpuShare, float64(rss)/1024, float64(hwm)/1024,
+	t.Logf("agent (%s) over %.1fs: CPU %.1f%% of one core (parts %.1f–%.1f%%, median %.1f%%), RSS %.1f MiB (peak %.1f MiB); %d scrapes (%.0f/s, %.0f µs CPU each: %.0f user, %.0f system; %d failed), %d pushes (%d with all 100 endpoints, %.1f/s)",
+		mode, elapsed.Seconds(), 100*cpuShare, 100*shares[0], 100*shares[parts-1], 100*medianShare, float64(rss)/1024, float64(hwm)/1024,
 		nScrapes, float64(nScrapes)/elapsed.Seconds(), perScrape(cpu1-cpu0), perScrape(user1-user0), perScrape(sys1-sys0), nFailed,
 		nPushes, nFull, float64(nPushes)/elapsed.Seconds())
 	stop()
@@ -172,7 +188,7 @@ func TestResourceUsage(t *testing.T) {
 			maxCPU, err = strconv.ParseFloat(s, 64)
 			require.NoError(t, err)
 		}
-		require.Less(t, cpuShare, maxCPU, "CPU share of one core")
+		require.Less(t, medianShare, maxCPU, "CPU share of one core, median of the window's parts")
 		require.Less(t, float64(rss)/1024, 50.0, "RSS MiB")
 	}
 }
