@@ -35,8 +35,8 @@ type answerHead struct {
 }
 
 // maxHeadBytes bounds an answer's head. A model server's is a few hundred
-// bytes; net/http's client allows 1 MB (Transport.MaxResponseHeaderBytes
-// default is larger still), far beyond any metrics endpoint.
+// bytes; net/http's client allows 10 MB (Transport.MaxResponseHeaderBytes'
+// default), far beyond what any metrics endpoint sends.
 const maxHeadBytes = 64 << 10
 
 // errMalformedAnswer is an answer that is not HTTP/1.x as net/http reads it.
