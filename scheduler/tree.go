@@ -284,9 +284,6 @@ func (t *DecisionTreeFilter) Name() string { return t.name }
 // Paths lists every path the tree can set, in table order.
 func (t *DecisionTreeFilter) Paths() []string { return t.paths }
 
-// Steps returns the table the tree was built from.
-func (t *DecisionTreeFilter) Steps() []TreeStep { return t.steps }
-
 func (t *DecisionTreeFilter) Filter(c *Cycle, dst, candidates []*Endpoint) []*Endpoint {
 	if len(candidates) == 0 {
 		return dst // nothing to decide; in particular no reason to shed
