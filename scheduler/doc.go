@@ -18,13 +18,15 @@
 //		Rand:       rand.NewPCG(seed1, seed2), // nil: private PCG seeded from crypto/rand
 //		Now:        clock,                     // nil: time.Now
 //		StaleAfter: 2 * time.Second,           // 0: no staleness check
+//		FailOpen:   true,                      // every endpoint stale: a random one instead of AllStale
 //	})
 //	res := s.Schedule(&scheduler.Request{Model: m, TargetModel: t, Criticality: c}, snap)
 //	switch res.Outcome {
-//	case scheduler.Routed:     // res.Endpoint (a pointer into snap); then s.Observe(req, res)
+//	case scheduler.Routed:     // snap.Endpoints[res.Index] (res.Endpoint); then s.Observe(req, res)
+//	case scheduler.FailedOpen: // snap.Endpoints[res.Index], chosen at random: every endpoint was stale
 //	case scheduler.Dropped:    // 429
 //	case scheduler.NoEndpoint: // 503
-//	case scheduler.AllStale:   // fail-open policy: s.ScheduleFailOpen(req, snap), or 503
+//	case scheduler.AllStale:   // 503 (FailOpen off)
 //	}
 //	s.LeastLoaded(snap) // requests without a body (GET /v1/models)
 //

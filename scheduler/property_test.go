@@ -86,7 +86,7 @@ func TestProperties(t *testing.T) {
 				}
 				switch res.Outcome {
 				case Routed:
-					assertInSnapshot(t, snap, res.Endpoint)
+					assertChosen(t, snap, res)
 					if sheds(profile) && req.Criticality != Critical {
 						require.True(t, capacity.hasCapacity(res.Endpoint),
 							"iteration %d: %v request placed on %+v without capacity", iter, req.Criticality, res.Endpoint.Metrics)

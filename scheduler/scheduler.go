@@ -19,10 +19,15 @@ type Options struct {
 	Now func() time.Time
 	// StaleAfter, when > 0, restricts every decision to endpoints whose
 	// Metrics.UpdateTime is within StaleAfter of Now. When endpoints exist
-	// but none is fresh the outcome is AllStale and nothing is scheduled:
-	// the gateway's fail-open policy decides what happens next (for
-	// example calling ScheduleFailOpen).
+	// but none is fresh the outcome is AllStale, or FailedOpen with
+	// FailOpen set.
 	StaleAfter time.Duration
+	// FailOpen, when every endpoint of a non-empty snapshot is stale,
+	// routes to one of them chosen uniformly at random (Outcome
+	// FailedOpen) instead of reporting AllStale. Stale metrics say nothing
+	// reliable about load, so no profile runs on them: the traffic spreads
+	// evenly over every endpoint last known.
+	FailOpen bool
 }
 
 // Outcome is what became of a request.
@@ -38,8 +43,12 @@ const (
 	// profile's filters kept nothing); the gateway answers 503.
 	NoEndpoint
 	// AllStale: endpoints exist but every one's metrics are older than
-	// Options.StaleAfter; the gateway applies its fail-open policy.
+	// Options.StaleAfter, and Options.FailOpen is off; the gateway
+	// answers 503.
 	AllStale
+	// FailedOpen: every endpoint was stale and Options.FailOpen routed the
+	// request to one of them at random; Result.Endpoint serves it.
+	FailedOpen
 )
 
 func (o Outcome) String() string {
@@ -52,6 +61,8 @@ func (o Outcome) String() string {
 		return "no-endpoint"
 	case AllStale:
 		return "all-stale"
+	case FailedOpen:
+		return "failed-open"
 	}
 	return "unknown"
 }
@@ -60,7 +71,8 @@ func (o Outcome) String() string {
 const (
 	// PathNoEndpoint: the snapshot had no endpoint at all.
 	PathNoEndpoint = "no-endpoint"
-	// PathAllStale: every endpoint was stale.
+	// PathAllStale: every endpoint was stale (Outcome AllStale or
+	// FailedOpen).
 	PathAllStale = "all-stale"
 	// PathLeastLoaded: a LeastLoaded decision.
 	PathLeastLoaded = "least-loaded"
@@ -68,9 +80,13 @@ const (
 
 // Result is one scheduling decision.
 type Result struct {
-	// Endpoint points into the snapshot's Endpoints; nil unless Routed.
+	// Endpoint is the chosen endpoint, &snapshot.Endpoints[Index]; nil
+	// unless the outcome is Routed or FailedOpen.
 	Endpoint *Endpoint
-	Outcome  Outcome
+	// Index is Endpoint's position in the snapshot's Endpoints, or -1 when
+	// no endpoint was chosen.
+	Index   int
+	Outcome Outcome
 	// Path names how the decision was reached, for metrics and debug logs:
 	// a decision-tree route, the profile name, or one of the Path*
 	// constants. Scheduler.Paths lists every value it can take.
@@ -95,6 +111,7 @@ type Scheduler struct {
 	rand          *rand.Rand
 	now           func() time.Time
 	staleAfter    time.Duration
+	failOpen      bool
 	countRouted   bool
 	cycle         Cycle
 
@@ -127,7 +144,7 @@ func New(cfg Config, reg *Registry, opts Options) (*Scheduler, error) {
 	if now == nil {
 		now = time.Now
 	}
-	s := &Scheduler{rand: rand.New(src), now: now, staleAfter: opts.StaleAfter, countRouted: cfg.CountsRoutedSinceSnapshot()}
+	s := &Scheduler{rand: rand.New(src), now: now, staleAfter: opts.StaleAfter, failOpen: opts.FailOpen, countRouted: cfg.CountsRoutedSinceSnapshot()}
 	s.cycle.Rand, s.cycle.clock = s.rand, now
 
 	b := &builder{reg: reg, declared: map[string]Plugin{}, byType: map[string]Plugin{}}
@@ -319,26 +336,16 @@ func (s *Scheduler) Paths() []string {
 
 // Schedule picks the endpoint for req from snap with the profile selected
 // for req.Criticality, considering only fresh endpoints when StaleAfter is
-// set. snap must not change during the call; Result.Endpoint points into
-// it.
+// set (and failing open when every endpoint is stale and FailOpen is set).
+// snap must not change during the call; Result.Endpoint points into it.
 func (s *Scheduler) Schedule(req *Request, snap *Snapshot) Result {
-	return s.schedule(req, snap, s.staleAfter)
-}
-
-// ScheduleFailOpen is Schedule with every endpoint counted as fresh: what
-// a fail-open policy calls after Schedule reported AllStale.
-func (s *Scheduler) ScheduleFailOpen(req *Request, snap *Snapshot) Result {
-	return s.schedule(req, snap, 0)
-}
-
-func (s *Scheduler) schedule(req *Request, snap *Snapshot, staleAfter time.Duration) Result {
 	c := &s.cycle
 	c.reset(req, snap)
 	defer c.reset(nil, nil) // do not keep the caller's request and snapshot alive
 
-	res := s.collect(c, snap, staleAfter)
+	res := s.collect(c, snap)
 	if res.Outcome != Routed {
-		return res
+		return s.failOpenIfStale(snap, res)
 	}
 	prof := s.ProfileFor(req.Criticality)
 	res.Profile = prof.Name
@@ -371,16 +378,44 @@ func (s *Scheduler) schedule(req *Request, snap *Snapshot, staleAfter time.Durat
 	if i < 0 || i >= len(in) {
 		panic(fmt.Sprintf("scheduler: picker %q returned index %d of %d candidates", prof.Picker.Name(), i, len(in)))
 	}
-	res.Endpoint = in[i]
+	return chosen(res, snap, in[i])
+}
+
+// chosen completes a Routed res with the endpoint e of snap.
+func chosen(res Result, snap *Snapshot, e *Endpoint) Result {
+	res.Endpoint, res.Index = e, indexOf(snap, e)
+	return res
+}
+
+// indexOf is the position of e in snap.Endpoints. Candidates always point
+// there; a scan of pointer comparisons is a small fraction of the
+// decision's own O(N) work (collect), and needs no pointer arithmetic.
+func indexOf(snap *Snapshot, e *Endpoint) int {
+	for i := range snap.Endpoints {
+		if &snap.Endpoints[i] == e {
+			return i
+		}
+	}
+	panic("scheduler: a plugin returned an endpoint that is not in the snapshot")
+}
+
+// failOpenIfStale applies Options.FailOpen to a decision that found every
+// endpoint stale; other results pass unchanged.
+func (s *Scheduler) failOpenIfStale(snap *Snapshot, res Result) Result {
+	if res.Outcome != AllStale || !s.failOpen {
+		return res
+	}
+	i := s.rand.IntN(len(snap.Endpoints))
+	res.Outcome, res.Endpoint, res.Index = FailedOpen, &snap.Endpoints[i], i
 	return res
 }
 
 // collect fills s.candidates with the fresh endpoints of snap. The
 // returned Result is Routed when there is at least one.
-func (s *Scheduler) collect(c *Cycle, snap *Snapshot, staleAfter time.Duration) Result {
+func (s *Scheduler) collect(c *Cycle, snap *Snapshot) Result {
 	s.candidates = s.candidates[:0]
-	var res Result
-	if staleAfter <= 0 {
+	res := Result{Index: -1}
+	if staleAfter := s.staleAfter; staleAfter <= 0 {
 		for i := range snap.Endpoints {
 			s.candidates = append(s.candidates, &snap.Endpoints[i])
 		}
@@ -433,7 +468,7 @@ func growFloats(s []float64, n int) []float64 {
 
 // Observe records a decision the caller acted on, so that the next
 // decisions on the same snapshot take it into account. Call it after
-// routing req as res said (Schedule, or ScheduleFailOpen).
+// routing req as Schedule said.
 //
 // A snapshot is refreshed every few tens of milliseconds; requests arriving
 // in between all see the same numbers, and every one of them would go to
@@ -456,7 +491,8 @@ func growFloats(s []float64, n int) []float64 {
 // their adapter is not yet listed, are counted.
 //
 // Observe updates the snapshot res points into, which must belong to this
-// Scheduler (see Snapshot). Off, or when res is not Routed, it does
+// Scheduler (see Snapshot). Off, or when res is not Routed (a FailedOpen
+// request is not counted: stale endpoints are not scheduled on), it does
 // nothing, so decisions are exactly those without it. It allocates
 // nothing. A Scheduler only knows what it routed itself: with one
 // Scheduler per Proxy-Wasm VM (one per Envoy worker) each counts its own
@@ -486,23 +522,14 @@ func (s *Scheduler) CountsRoutedSinceSnapshot() bool { return s.countRouted }
 // LeastLoaded picks for a request that carries no body to schedule on (GET
 // /v1/models): the fresh endpoint with the fewest waiting+running requests,
 // then the lowest KV-cache usage, then at random. Its Path is
-// PathLeastLoaded.
+// PathLeastLoaded; staleness and FailOpen apply as in Schedule.
 func (s *Scheduler) LeastLoaded(snap *Snapshot) Result {
-	return s.leastLoaded(snap, s.staleAfter)
-}
-
-// LeastLoadedFailOpen is LeastLoaded with every endpoint counted as fresh.
-func (s *Scheduler) LeastLoadedFailOpen(snap *Snapshot) Result {
-	return s.leastLoaded(snap, 0)
-}
-
-func (s *Scheduler) leastLoaded(snap *Snapshot, staleAfter time.Duration) Result {
 	c := &s.cycle
 	c.reset(&bodylessRequest, snap)
 	defer c.reset(nil, nil)
-	res := s.collect(c, snap, staleAfter)
+	res := s.collect(c, snap)
 	if res.Outcome != Routed {
-		return res
+		return s.failOpenIfStale(snap, res)
 	}
 	res.Path = PathLeastLoaded
 	better := func(a, b *Endpoint) int { // <0 when a is less loaded
@@ -538,8 +565,7 @@ func (s *Scheduler) leastLoaded(snap *Snapshot, staleAfter time.Duration) Result
 			}
 		}
 	}
-	res.Endpoint = best
-	return res
+	return chosen(res, snap, best)
 }
 
 // bodylessRequest stands in for the request of a LeastLoaded decision; it

@@ -48,10 +48,11 @@ func TestScheduleOutcomes(t *testing.T) {
 			assert.Contains(t, s.Paths(), res.Path)
 			if tc.outcome != Routed {
 				assert.Nil(t, res.Endpoint)
+				assert.Equal(t, -1, res.Index)
 				return
 			}
 			require.NotNil(t, res.Endpoint)
-			assertInSnapshot(t, tc.snap, res.Endpoint)
+			assertChosen(t, tc.snap, res)
 			if tc.pick != "" {
 				assert.Equal(t, tc.pick, res.Endpoint.ID.Name)
 			}
@@ -59,14 +60,13 @@ func TestScheduleOutcomes(t *testing.T) {
 	}
 }
 
-func assertInSnapshot(t *testing.T, snap *Snapshot, e *Endpoint) {
+// assertChosen checks that res names its endpoint by a pointer into snap
+// and by that pointer's index.
+func assertChosen(t *testing.T, snap *Snapshot, res Result) {
 	t.Helper()
-	for i := range snap.Endpoints {
-		if &snap.Endpoints[i] == e {
-			return
-		}
-	}
-	t.Fatalf("endpoint %v is not a pointer into the snapshot", e.ID)
+	require.GreaterOrEqual(t, res.Index, 0)
+	require.Less(t, res.Index, len(snap.Endpoints))
+	require.Same(t, &snap.Endpoints[res.Index], res.Endpoint, "Endpoint is &snap.Endpoints[Index]")
 }
 
 func TestStaleness(t *testing.T) {
@@ -98,13 +98,8 @@ func TestStaleness(t *testing.T) {
 	assert.Equal(t, PathAllStale, res.Path)
 	assert.Equal(t, 1, res.Stale)
 	assert.Nil(t, res.Endpoint)
-
-	res = s.ScheduleFailOpen(&Request{}, allStale)
-	assert.Equal(t, Routed, res.Outcome)
-	assert.Equal(t, "stale", res.Endpoint.ID.Name)
-
+	assert.Equal(t, -1, res.Index)
 	assert.Equal(t, AllStale, s.LeastLoaded(allStale).Outcome)
-	assert.Equal(t, "stale", s.LeastLoadedFailOpen(allStale).Endpoint.ID.Name)
 
 	// Without StaleAfter the clock is never read.
 	clockCalls = 0
@@ -115,6 +110,75 @@ func TestStaleness(t *testing.T) {
 
 	_, err := New(Config{}, nil, Options{StaleAfter: -time.Second})
 	assert.Error(t, err)
+}
+
+// With FailOpen, a snapshot whose endpoints are all stale is served by
+// every endpoint alike, whatever the profile and the metrics say; fresh
+// endpoints are scheduled as without it, and an empty snapshot is still
+// NoEndpoint.
+func TestFailOpen(t *testing.T) {
+	now := time.Date(2025, 4, 1, 12, 0, 0, 0, time.UTC)
+	staleEp := func(name string, waiting int) Endpoint {
+		e := ep(name, waiting, 0.1, nil, nil, 4)
+		e.Metrics.UpdateTime = now.Add(-time.Minute)
+		return e
+	}
+	// "idle" would win every profile's choice if its metrics counted.
+	allStale := snapshot(staleEp("busy-1", 90), staleEp("idle", 0), staleEp("busy-2", 90))
+	opts := seeded(4)
+	opts.Now = func() time.Time { return now }
+	opts.StaleAfter = 2 * time.Second
+	opts.FailOpen = true
+	for _, profile := range []string{"decision-tree", "least-request", "scoring"} {
+		t.Run(profile, func(t *testing.T) {
+			s := newScheduler(t, `{"profile": "`+profile+`"}`, opts)
+			counts := map[string]int{}
+			for i := range 900 {
+				var res Result
+				if i%2 == 0 {
+					res = s.Schedule(&Request{Model: "m", Criticality: Sheddable}, allStale)
+				} else {
+					res = s.LeastLoaded(allStale)
+				}
+				require.Equal(t, FailedOpen, res.Outcome)
+				assert.Equal(t, PathAllStale, res.Path)
+				assert.Equal(t, 3, res.Stale)
+				assert.Empty(t, res.Profile)
+				assertChosen(t, allStale, res)
+				counts[res.Endpoint.ID.Name]++
+			}
+			for name, n := range counts {
+				assert.InDelta(t, 300, n, 75, "uniform over every endpoint: %s in %v", name, counts)
+			}
+			assert.Len(t, counts, 3)
+
+			fresh := snapshot(staleEp("stale", 0), ep("fresh", 50, 0.5, nil, nil, 4))
+			fresh.Endpoints[1].Metrics.UpdateTime = now
+			res := s.Schedule(&Request{Model: "m", Criticality: Critical}, fresh)
+			require.Equal(t, Routed, res.Outcome, "one fresh endpoint: no fail-open")
+			assert.Equal(t, 1, res.Index)
+			assert.Equal(t, NoEndpoint, s.Schedule(&Request{}, snapshot()).Outcome)
+			assert.Equal(t, -1, s.LeastLoaded(snapshot()).Index)
+		})
+	}
+}
+
+// A request that failed open is not counted by Observe: the stale
+// endpoint's numbers are not scheduled on.
+func TestObserveIgnoresFailOpen(t *testing.T) {
+	now := time.Date(2025, 4, 1, 12, 0, 0, 0, time.UTC)
+	e := ep("a", 3, 0.1, nil, nil, 4)
+	e.Metrics.UpdateTime = now.Add(-time.Minute)
+	snap := snapshot(e)
+	opts := seeded(5)
+	opts.Now, opts.StaleAfter, opts.FailOpen = func() time.Time { return now }, time.Second, true
+	s := newScheduler(t, `{"countRoutedSinceSnapshot": true}`, opts)
+	req := &Request{Model: "m"}
+	res := s.Schedule(req, snap)
+	require.Equal(t, FailedOpen, res.Outcome)
+	s.Observe(req, res)
+	assert.Equal(t, 3, snap.Endpoints[0].Metrics.WaitingQueueSize)
+	assert.Equal(t, 0, snap.Endpoints[0].Metrics.RoutedSinceUpdate)
 }
 
 func TestLeastLoaded(t *testing.T) {
@@ -136,7 +200,7 @@ func TestLeastLoaded(t *testing.T) {
 				res := s.LeastLoaded(tc.snap)
 				require.Equal(t, Routed, res.Outcome)
 				assert.Equal(t, PathLeastLoaded, res.Path)
-				assertInSnapshot(t, tc.snap, res.Endpoint)
+				assertChosen(t, tc.snap, res)
 				seen[res.Endpoint.ID.Name] = true
 			}
 			assert.ElementsMatch(t, tc.want, keys(seen))

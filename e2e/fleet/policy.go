@@ -141,16 +141,19 @@ func ParsePolicyWith(arg string, opts PolicyOptions) (PolicySpec, error) {
 // DefaultStaleAfter is upstream EPP's staleness limit for metrics.
 const DefaultStaleAfter = 2 * time.Second
 
-// SchedulerPolicySpec routes with the scheduler package configured by cfg.
-// Each policy instance calls Observe after every routed request, so with
-// countRoutedSinceSnapshot on it counts what it routed since the last
-// scrape in its own snapshot, as the plugin does per VM.
+// SchedulerPolicySpec routes with the scheduler package configured by cfg,
+// with the plugin's defaults around it: DefaultStaleAfter and fail-open
+// (whenNoFreshEndpoint "fail-open"). Each policy instance calls Observe
+// after every routed request, so with countRoutedSinceSnapshot on it
+// counts what it routed since the last scrape in its own snapshot, as the
+// plugin does per VM.
 func SchedulerPolicySpec(name string, cfg scheduler.Config) PolicySpec {
 	return PolicySpec{Name: name, CountsRouted: cfg.CountsRoutedSinceSnapshot(), New: func(seed uint64, clock func() time.Time) (Policy, error) {
 		s, err := scheduler.New(cfg, scheduler.NewRegistry(), scheduler.Options{
 			Rand:       rand.NewPCG(seed, 0x5c4e),
 			Now:        clock,
 			StaleAfter: DefaultStaleAfter,
+			FailOpen:   true,
 		})
 		if err != nil {
 			return nil, err
@@ -159,30 +162,24 @@ func SchedulerPolicySpec(name string, cfg scheduler.Config) PolicySpec {
 	}}
 }
 
-// schedulerPolicy adapts the scheduler: the decision is the plugin's own.
+// schedulerPolicy adapts the scheduler: the decision is the plugin's own,
+// Schedule then Observe.
 type schedulerPolicy struct {
 	s *scheduler.Scheduler
 }
 
 func (p *schedulerPolicy) Route(req *scheduler.Request, v *View) (int, scheduler.Outcome) {
 	res := p.s.Schedule(req, v.Snapshot)
-	if res.Outcome == scheduler.AllStale {
-		// Fail open, as the plugin can be configured to; scrapes every
-		// ScrapeInterval keep this from happening unless the interval is
-		// configured above DefaultStaleAfter.
-		res = p.s.ScheduleFailOpen(req, v.Snapshot)
-	}
-	if res.Outcome != scheduler.Routed {
+	switch res.Outcome {
+	case scheduler.Routed:
+		p.s.Observe(req, res)
+	case scheduler.FailedOpen:
+		// Every scrape was older than DefaultStaleAfter (only when the
+		// scrape interval is configured above it): sent all the same.
+	default:
 		return -1, res.Outcome
 	}
-	p.s.Observe(req, res)
-	eps := v.Snapshot.Endpoints
-	for i := range eps {
-		if &eps[i] == res.Endpoint {
-			return i, scheduler.Routed
-		}
-	}
-	panic("fleet: scheduler returned an endpoint outside the snapshot")
+	return res.Index, scheduler.Routed
 }
 
 // EnvoyLeastRequestPolicy emulates Envoy's least-request balancer for hosts

@@ -12,8 +12,8 @@ import (
 	"github.com/wasm-epp/wasm-epp/scheduler/wire"
 )
 
-// Destinations of the cached snapshot's endpoints are formatted once; the
-// scheduler's choice is found in the snapshot by address.
+// Destinations of the cached snapshot's endpoints are formatted once, at
+// the index the scheduler names; another snapshot's are formatted afresh.
 func TestDestinationCache(t *testing.T) {
 	const cfgJSON = `{"models": [{"name": "chat", "criticality": "Standard"}]}`
 	newEnv(t, cfgJSON) // a host for the router's metrics
@@ -31,17 +31,14 @@ func TestDestinationCache(t *testing.T) {
 	r.req = scheduler.Request{Model: "chat", TargetModel: "chat", Criticality: scheduler.Standard}
 	res := r.sched.Schedule(&r.req, snap)
 	require.Equal(t, scheduler.Routed, res.Outcome)
-	i := endpointIndex(snap, res.Endpoint)
-	require.GreaterOrEqual(t, i, 0, "the chosen endpoint is one of the snapshot's")
 	want := r.destination(res.Endpoint)
-	assert.Equal(t, want, r.destinationOf(snap, res.Endpoint))
-	assert.Equal(t, want, r.dests[i], "cached")
+	assert.Equal(t, want, r.destinationOf(snap, res.Index))
+	assert.Equal(t, want, r.dests[res.Index], "cached")
 
-	assert.Equal(t, "[fd00::2]:8001", r.destinationOf(snap, &snap.Endpoints[1]))
+	assert.Equal(t, "[fd00::2]:8001", r.destinationOf(snap, 1))
+	assert.Equal(t, "[fd00::2]:8001", r.dests[1])
 	other := *snap
 	other.Endpoints = append([]scheduler.Endpoint(nil), snap.Endpoints...)
-	assert.Equal(t, -1, endpointIndex(snap, &other.Endpoints[0]))
-	assert.Equal(t, "10.0.0.1:8000", r.destinationOf(&other, &other.Endpoints[0]), "not the cached snapshot: formatted")
-	assert.Equal(t, -1, endpointIndex(snap, nil))
-	assert.Equal(t, -1, endpointIndex(&scheduler.Snapshot{}, &snap.Endpoints[0]))
+	other.Endpoints[0].Port = 9000
+	assert.Equal(t, "10.0.0.1:9000", r.destinationOf(&other, 0), "not the cached snapshot: formatted")
 }

@@ -197,11 +197,11 @@ func (c *httpContext) route(p *Parsed, m *model, body []byte, targetModel string
 			return c.failInternal("cannot rewrite the request body", err)
 		}
 	}
-	if err := proxywasm.ReplaceHttpRequestHeader(r.cfg.DestinationHeader, r.destinationOf(snap, d.endpoint)); err != nil {
+	if err := proxywasm.ReplaceHttpRequestHeader(r.cfg.DestinationHeader, r.destinationOf(snap, d.res.Index)); err != nil {
 		return c.failInternal("cannot set the destination header", err)
 	}
 	if r.cfg.ServedByHeader != "" {
-		c.servedBy = d.endpoint.ID.String()
+		c.servedBy = d.res.Endpoint.ID.String()
 	}
 	c.finish(d.outcome)
 	return types.ActionContinue
@@ -307,8 +307,8 @@ func (r *router) debugEnabled() bool {
 // %q-quoted: they come from the client.
 func (c *httpContext) logDecision(p *Parsed, req *scheduler.Request, d *decision) {
 	ep := "-"
-	if d.endpoint != nil {
-		ep = d.endpoint.ID.String() + " " + c.r.destination(d.endpoint)
+	if e := d.res.Endpoint; e != nil {
+		ep = e.ID.String() + " " + c.r.destination(e)
 	}
 	if p == nil {
 		proxywasm.LogDebugf("wasm-epp: no body: %s via path %q (stale endpoints: %d) -> %s",

@@ -8,7 +8,6 @@ import (
 	"math/rand/v2"
 	"strings"
 	"time"
-	"unsafe"
 
 	"github.com/tetratelabs/proxy-wasm-go-sdk/proxywasm/types"
 
@@ -41,7 +40,7 @@ var outcomeNames = [numOutcomes]string{"routed", "fail_open", "dropped", "bad_re
 type router struct {
 	cfg   *config.Config
 	sched *scheduler.Scheduler
-	// rnd draws weighted targets and fail-open endpoints.
+	// rnd draws weighted targets.
 	rnd *rand.Rand
 	// now is the injected clock (tests); nil means the time each request
 	// callback started, read once (every clock read is a host call).
@@ -159,6 +158,7 @@ func newRouter(cfg *config.Config, opts Options) (*router, error) {
 		Rand:       rand.NewPCG(seed1, seed2),
 		Now:        func() time.Time { return r.reqTime },
 		StaleAfter: time.Duration(cfg.StaleAfter),
+		FailOpen:   cfg.WhenNoFreshEndpoint == config.NoFreshFailOpen,
 	})
 	if err != nil {
 		return nil, scheduler.PrefixError("scheduler", err)
@@ -327,11 +327,10 @@ func (r *router) install(data []byte, err error) {
 	setGauge(r.m.endpoints, int64(len(snap.Endpoints)))
 }
 
-// decision is a scheduling result after the fail-open policy.
+// decision is a scheduling result and the outcome it counts as.
 type decision struct {
-	res      scheduler.Result
-	outcome  outcome
-	endpoint *scheduler.Endpoint
+	res     scheduler.Result
+	outcome outcome
 }
 
 // logLevelRefresh is how long the host's answer about its log level is
@@ -352,9 +351,9 @@ func (r *router) setRequestTime() time.Duration {
 	return r.reqMono
 }
 
-// decide runs the scheduler (bodyless: least loaded) on snap, applies the
-// fail-open policy, and counts the decision path and the time it took.
-// start is the mono reading just before it.
+// decide runs the scheduler (bodyless: least loaded) on snap and counts the
+// decision path and the time it took. start is the mono reading just
+// before it.
 func (r *router) decide(req *scheduler.Request, snap *scheduler.Snapshot, start time.Duration) decision {
 	var res scheduler.Result
 	if req == nil {
@@ -365,22 +364,17 @@ func (r *router) decide(req *scheduler.Request, snap *scheduler.Snapshot, start 
 	d := decision{res: res}
 	switch res.Outcome {
 	case scheduler.Routed:
-		d.outcome, d.endpoint = outRouted, res.Endpoint
+		d.outcome = outRouted
 		if req != nil {
 			// With countRoutedSinceSnapshot, the request counts as waiting
 			// in this VM's private snapshot copy until the next decode
 			// (install) replaces it; bodyless requests are not inference.
 			r.sched.Observe(req, res)
 		}
+	case scheduler.FailedOpen:
+		d.outcome = outFailOpen
 	case scheduler.Dropped:
 		d.outcome = outDropped
-	case scheduler.AllStale:
-		d.outcome = outNoEndpoint
-		if r.cfg.WhenNoFreshEndpoint == config.NoFreshFailOpen && len(snap.Endpoints) > 0 {
-			// Stale metrics say nothing reliable about load: spread the
-			// traffic uniformly over every endpoint we last knew.
-			d.outcome, d.endpoint = outFailOpen, &snap.Endpoints[r.rnd.IntN(len(snap.Endpoints))]
-		}
 	default:
 		d.outcome = outNoEndpoint
 	}
@@ -449,31 +443,17 @@ func (r *router) readBody(size int) ([]byte, error) {
 	return body, err
 }
 
-// destinationOf is destination(ep), from the cache when ep belongs to the
-// cached snapshot (it always does, except in tests).
-func (r *router) destinationOf(snap *scheduler.Snapshot, ep *scheduler.Endpoint) string {
-	i := endpointIndex(snap, ep)
-	if snap != r.cache.snap || i < 0 || i >= len(r.dests) {
+// destinationOf is destination(&snap.Endpoints[i]), from the cache when
+// snap is the cached snapshot (it always is, except in tests).
+func (r *router) destinationOf(snap *scheduler.Snapshot, i int) string {
+	ep := &snap.Endpoints[i]
+	if snap != r.cache.snap || i >= len(r.dests) {
 		return r.destination(ep)
 	}
 	if r.dests[i] == "" {
 		r.dests[i] = r.destination(ep)
 	}
 	return r.dests[i]
-}
-
-// endpointIndex is the index of ep in snap.Endpoints, or -1.
-func endpointIndex(snap *scheduler.Snapshot, ep *scheduler.Endpoint) int {
-	if len(snap.Endpoints) == 0 || ep == nil {
-		return -1
-	}
-	size := unsafe.Sizeof(snap.Endpoints[0])
-	off := uintptr(unsafe.Pointer(ep)) - uintptr(unsafe.Pointer(&snap.Endpoints[0]))
-	i := off / size
-	if off%size != 0 || i >= uintptr(len(snap.Endpoints)) || &snap.Endpoints[i] != ep {
-		return -1
-	}
-	return int(i)
 }
 
 // destination formats ip:port ([v6]:port) for the ORIGINAL_DST header;
