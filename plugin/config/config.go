@@ -73,6 +73,7 @@ const (
 	DefaultReceiverTokenEnv    = "WASM_EPP_PUSH_TOKEN"
 	DefaultMaxPushBytes        = 1 << 20
 	DefaultMaxEndpoints        = 1024
+	DefaultMaxClockSkew        = time.Second
 )
 
 // Config is the whole plugin configuration.
@@ -139,6 +140,10 @@ type Receiver struct {
 	TokenEnv     string `json:"tokenEnv,omitempty"`
 	MaxPushBytes int    `json:"maxPushBytes,omitempty"`
 	MaxEndpoints int    `json:"maxEndpoints,omitempty"`
+	// MaxClockSkew: a push sent more than this ahead of the receiver's
+	// clock is refused (400). Freshness is always judged on the receiver's
+	// clock, so a tolerated skew never makes metrics look fresher.
+	MaxClockSkew Duration `json:"maxClockSkew,omitempty"`
 }
 
 // Duration is a time.Duration written as a Go duration string ("2s").
@@ -282,6 +287,9 @@ func (c *Config) applyDefaults() {
 	if r.MaxEndpoints == 0 {
 		r.MaxEndpoints = DefaultMaxEndpoints
 	}
+	if r.MaxClockSkew == 0 {
+		r.MaxClockSkew = Duration(DefaultMaxClockSkew)
+	}
 }
 
 func (c *Config) validate() error {
@@ -361,6 +369,9 @@ func (c *Config) validate() error {
 	}
 	if r.MaxEndpoints < 0 || r.MaxEndpoints > 65536 {
 		return &Error{Path: "receiver.maxEndpoints", Msg: "must be in [1, 65536]"}
+	}
+	if r.MaxClockSkew < 0 {
+		return &Error{Path: "receiver.maxClockSkew", Msg: "must not be negative"}
 	}
 	return nil
 }

@@ -27,6 +27,9 @@ var (
 	// ErrStaleSequence: Merge got a push whose sequence number is not newer
 	// than the last one accepted from that agent (the receiver answers 409).
 	ErrStaleSequence = errors.New("sequence number not newer than the last accepted")
+	// ErrClockSkew: a push's send time is further ahead of the receiver's
+	// clock than Limits.MaxClockSkew allows (the receiver answers 400).
+	ErrClockSkew = errors.New("send time ahead of the receiver's clock")
 	// ErrStoredCorrupt wraps any failure to decode the stored snapshot in
 	// MergeBytes, so the receiver can tell its own state apart from a bad
 	// push (and decide to start afresh instead of rejecting every push).

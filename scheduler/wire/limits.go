@@ -33,6 +33,10 @@ type Limits struct {
 	// AgentTTL: Merge drops an agent not heard from for this long
 	// (default 5 min), so agents of deleted nodes do not pile up.
 	AgentTTL time.Duration
+	// MaxClockSkew: Merge refuses a push whose send time is more than this
+	// ahead of the receiver's clock (default 1 s). Freshness is judged on
+	// the receiver's clock whatever this is (see Merge).
+	MaxClockSkew time.Duration
 }
 
 // DefaultLimits returns the limits used when a field is left zero.
@@ -47,6 +51,7 @@ func DefaultLimits() Limits {
 		MaxAgents:         256,
 		MaxTotalEndpoints: 4096,
 		AgentTTL:          5 * time.Minute,
+		MaxClockSkew:      time.Second,
 	}
 }
 
@@ -72,6 +77,9 @@ func (l Limits) resolved() Limits {
 	l.MaxTotalEndpoints = pick(l.MaxTotalEndpoints, d.MaxTotalEndpoints)
 	if l.AgentTTL == 0 {
 		l.AgentTTL = d.AgentTTL
+	}
+	if l.MaxClockSkew == 0 {
+		l.MaxClockSkew = d.MaxClockSkew
 	}
 	return l
 }

@@ -207,11 +207,19 @@ func DecodeStored(b []byte, lim Limits) (*Stored, error) {
 // endpoints, agents not heard from within lim.AgentTTL before now are
 // dropped, and every other agent is kept as is. now is the receiver's clock.
 //
+// Times are judged on the receiver's clock. A push sent more than
+// lim.MaxClockSkew after now is refused (ErrClockSkew). The stored scrape
+// time of each endpoint is its age on the agent's clock (send time minus
+// scrape time) counted back from now, and never later than now: whatever
+// the agent's clock says, an endpoint is never fresher than the push that
+// carried it, so it goes stale at most staleAfter after that push.
+//
 // It fails with ErrStaleSequence when push.Seq is not above the sequence
 // last accepted from that agent (an expired agent's sequence is forgotten),
 // ErrLimit when the result would exceed MaxAgents or MaxTotalEndpoints, and
-// ErrInvalidField for an invalid push. stored is not modified; the result
-// shares endpoint slices with stored and push.
+// ErrInvalidField for an invalid push. stored is not modified; push's
+// endpoints get the receiver-clock scrape times, and the result shares
+// endpoint slices with stored and push.
 func Merge(stored *Stored, push *Push, now time.Time, lim Limits) (*Stored, error) {
 	lim = lim.resolved()
 	if err := push.validate(&lim); err != nil {
@@ -219,6 +227,22 @@ func Merge(stored *Stored, push *Push, now time.Time, lim Limits) (*Stored, erro
 	}
 	if _, err := timeNanos(now, "merge.now"); err != nil {
 		return nil, err
+	}
+	if ahead := push.SendTime.Sub(now); ahead > lim.MaxClockSkew {
+		return nil, errf(ErrClockSkew, "push.send_time", -1, "agent "+strconv.Quote(push.AgentID)+" sent at "+
+			push.SendTime.UTC().Format(time.RFC3339Nano)+", "+ahead.String()+" ahead of the receiver's clock (limit "+
+			lim.MaxClockSkew.String()+"): check the clocks of the agent's node and of this Envoy")
+	}
+	for i := range push.Endpoints {
+		e := &push.Endpoints[i]
+		age := push.SendTime.Sub(e.ScrapeTime)
+		if age < 0 {
+			age = 0
+		}
+		e.ScrapeTime = now.Add(-age)
+		if !e.ScrapeTime.After(time.Unix(0, 0)) { // an absurd age: oldest time the format carries
+			e.ScrapeTime = time.Unix(0, 1)
+		}
 	}
 	var old []AgentState
 	if stored != nil {

@@ -37,8 +37,44 @@ func TestMergeKeepsOtherAgentsAndReplacesOwn(t *testing.T) {
 	assert.Equal(t, 4, s.TotalEndpoints())
 	assert.Equal(t, uint64(11), s.Agents[1].LastSeq)
 	assert.Equal(t, at(2*time.Second), s.Agents[1].Received)
-	assert.Equal(t, renamed("a", 3), s.Agents[0].Endpoints, "other agent untouched")
+	// Scrape times are on the receiver's clock: ages counted back from
+	// node-a's receipt one second after it sent.
+	want := renamed("a", 3)
+	for i := range want {
+		want[i].ScrapeTime = want[i].ScrapeTime.Add(time.Second)
+	}
+	assert.Equal(t, want, s.Agents[0].Endpoints, "other agent untouched")
 	assert.Len(t, before.Agents[1].Endpoints, 2, "input not modified")
+}
+
+func TestMergeJudgesTimesOnTheReceiversClock(t *testing.T) {
+	p := push("node-a", 1, 3)
+	p.SendTime = at(1500 * time.Millisecond)
+	_, err := Merge(nil, p, at(0), Limits{})
+	require.ErrorIs(t, err, ErrClockSkew)
+	assert.Contains(t, err.Error(), "1.5s ahead of the receiver's clock (limit 1s)")
+	_, err = Merge(nil, p, at(0), Limits{MaxClockSkew: 2 * time.Second})
+	require.NoError(t, err)
+
+	p = push("node-a", 2, 2)
+	p.Endpoints[0].ScrapeTime = at(time.Hour)   // after the send: counts as the receipt
+	p.Endpoints[1].ScrapeTime = time.Unix(0, 1) // very old
+	p.SendTime = at(-10 * time.Second)          // the agent's clock is behind
+	s, err := Merge(nil, p, at(0), Limits{})
+	require.NoError(t, err)
+	assert.True(t, at(0).Equal(s.Agents[0].Endpoints[0].ScrapeTime))
+	assert.True(t, time.Unix(10, 1).Equal(s.Agents[0].Endpoints[1].ScrapeTime))
+
+	// Ahead within the skew, with an age longer than the receiver's epoch
+	// time: kept at the oldest time the format carries.
+	p = push("node-a", 3, 1)
+	p.SendTime = time.Unix(0, 2).Add(500 * time.Millisecond)
+	p.Endpoints[0].ScrapeTime = time.Unix(0, 1)
+	s, err = Merge(nil, p, time.Unix(0, 2), Limits{})
+	require.NoError(t, err)
+	assert.True(t, time.Unix(0, 1).Equal(s.Agents[0].Endpoints[0].ScrapeTime))
+	_, err = EncodeStored(s, Limits{})
+	require.NoError(t, err, "what Merge returns can be stored")
 }
 
 func TestMergeRejectsStaleSequence(t *testing.T) {

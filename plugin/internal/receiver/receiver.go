@@ -45,10 +45,11 @@ const (
 	outcomeContention   = "contention"
 	outcomeStoreError   = "store_error"
 	outcomeReset        = "stored_reset"
+	outcomeClockSkew    = "clock_skew"
 )
 
 var outcomes = []string{outcomeAccepted, outcomeUnauthorized, outcomeTooLarge, outcomeBadRequest,
-	outcomeStale, outcomeNotFound, outcomeMethod, outcomeContention, outcomeStoreError, outcomeReset}
+	outcomeStale, outcomeNotFound, outcomeMethod, outcomeContention, outcomeStoreError, outcomeReset, outcomeClockSkew}
 
 // Receiver holds what one plugin context in the receiver role needs. It is
 // used from one VM thread only, like everything in a Proxy-Wasm VM.
@@ -73,6 +74,7 @@ func New(cfg *config.Config, token string) (*Receiver, error) {
 	lim := wire.DefaultLimits()
 	lim.MaxPushBytes = cfg.Receiver.MaxPushBytes
 	lim.MaxEndpoints = cfg.Receiver.MaxEndpoints
+	lim.MaxClockSkew = time.Duration(cfg.Receiver.MaxClockSkew)
 	r := &Receiver{
 		path:        cfg.Receiver.Path,
 		token:       []byte(token),
@@ -199,6 +201,8 @@ func (r *Receiver) apply(push []byte) (status int, outcome, msg string) {
 			continue
 		case errors.Is(err, wire.ErrStaleSequence):
 			return 409, outcomeStale, err.Error()
+		case errors.Is(err, wire.ErrClockSkew):
+			return 400, outcomeClockSkew, err.Error()
 		default:
 			return 400, outcomeBadRequest, err.Error()
 		}

@@ -239,3 +239,70 @@ func TestNewRefusesEmptyToken(t *testing.T) {
 	_, err = New(cfg, "")
 	require.ErrorContains(t, err, "WASM_EPP_PUSH_TOKEN")
 }
+
+// pushAt builds a one-endpoint push with the agent's send and scrape times.
+func pushAt(t *testing.T, agent string, seq uint64, send, scrape time.Time) []byte {
+	t.Helper()
+	p := &wire.Push{AgentID: agent, Seq: seq, SendTime: send, Endpoints: []wire.EndpointState{{
+		Namespace: "ns", Name: "pod-1", Address: netip.AddrFrom4([4]byte{10, 0, 0, 1}), Port: 8000, ScrapeTime: scrape,
+	}}}
+	b, err := wire.EncodePush(p, wire.DefaultLimits())
+	require.NoError(t, err)
+	return b
+}
+
+// Freshness is judged on the receiver's clock: an agent whose clock runs
+// ahead is refused, and whatever times an accepted push carries, its
+// endpoints are never fresher than the moment the receiver accepted it.
+func TestClockAheadIsRefusedAndNeverExtendsFreshness(t *testing.T) {
+	host := newHost(t, `{"role":"receiver"}`)
+
+	for _, ahead := range []time.Duration{time.Hour, 100 * 365 * 24 * time.Hour, 1500 * time.Millisecond} {
+		body := pushAt(t, "node-a", 1, testNow.Add(ahead), testNow.Add(ahead))
+		r := send(t, host, pushHeaders(testToken, len(body)), body, 0)
+		assert.Equal(t, uint32(400), r.status, "send time %v ahead", ahead)
+		assert.Equal(t, "clock_skew", r.code, "send time %v ahead", ahead)
+		s, _ := stored(t, host)
+		assert.Nil(t, s, "nothing written for a push %v ahead", ahead)
+	}
+
+	cases := []struct {
+		name         string
+		send, scrape time.Time
+		want         time.Time // the endpoint's stored update time
+	}{
+		// Within the allowed skew: accepted, but the scrape is dated by
+		// its age on the agent's clock, counted back from the receipt.
+		{"slightly ahead", testNow.Add(500 * time.Millisecond), testNow.Add(450 * time.Millisecond), testNow.Add(-50 * time.Millisecond)},
+		// A scrape dated after the send (an agent bug, or a clock step
+		// between the two readings) counts as taken at the receipt.
+		{"scrape after send", testNow, testNow.Add(time.Hour), testNow},
+		// A clock running behind does not make fresh metrics look old.
+		{"agent behind", testNow.Add(-10 * time.Second), testNow.Add(-10*time.Second - 30*time.Millisecond), testNow.Add(-30 * time.Millisecond)},
+	}
+	for i, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			body := pushAt(t, "node-a", uint64(10+i), tc.send, tc.scrape)
+			require.Equal(t, uint32(204), send(t, host, pushHeaders(testToken, len(body)), body, 0).status)
+			s, _ := stored(t, host)
+			require.NotNil(t, s)
+			require.Len(t, s.Agents, 1)
+			require.Len(t, s.Agents[0].Endpoints, 1)
+			got := s.Agents[0].Endpoints[0].ScrapeTime
+			assert.True(t, tc.want.Equal(got), "update time %v, want %v", got, tc.want)
+			assert.False(t, got.After(testNow), "never after the receipt")
+		})
+	}
+}
+
+func TestMaxClockSkewIsConfigurable(t *testing.T) {
+	host := newHost(t, `{"role":"receiver","receiver":{"maxClockSkew":"2h"}}`)
+	body := pushAt(t, "node-a", 1, testNow.Add(time.Hour), testNow.Add(time.Hour))
+	assert.Equal(t, uint32(204), send(t, host, pushHeaders(testToken, len(body)), body, 0).status)
+	s, _ := stored(t, host)
+	require.NotNil(t, s)
+	assert.True(t, testNow.Equal(s.Agents[0].Endpoints[0].ScrapeTime))
+
+	_, err := config.Decode([]byte(`{"role":"receiver","receiver":{"maxClockSkew":"-1s"}}`))
+	require.ErrorContains(t, err, "receiver.maxClockSkew")
+}
