@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
 # Import boundaries (ARCHITECTURE.md): scheduler/ and metricsagent/ never
 # depend on the Wasm binding or plugin/; scheduler/ also stays off net/http.
+# The test host (e2e/envoyhost) and the bootstrap reader it shares with
+# envoy/ (envoy/bootstrap) stand in for Envoy: they know nothing of the
+# plugin they run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 module=$(go list -m)
@@ -15,4 +18,6 @@ check() { # check <package pattern> <forbidden regexp>
 }
 check "./scheduler/..." "^($module/plugin|net/http$|github.com/tetratelabs/proxy-wasm-go-sdk)"
 check "./metricsagent/..." "^($module/plugin|github.com/tetratelabs/proxy-wasm-go-sdk)"
+check "./e2e/envoyhost/..." "^$module/(plugin|scheduler|metricsagent)"
+check "./envoy/bootstrap/..." "^$module/(plugin|scheduler|metricsagent)"
 exit $fail

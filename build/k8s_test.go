@@ -39,6 +39,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/wasm-epp/wasm-epp/envoy"
+	"github.com/wasm-epp/wasm-epp/envoy/bootstrap"
 	"github.com/wasm-epp/wasm-epp/metricsagent"
 	"github.com/wasm-epp/wasm-epp/plugin/config"
 )
@@ -500,7 +501,7 @@ func checkGateway(t *testing.T, b *built) {
 	// The bootstrap: from the ConfigMap mounted where --config-path points.
 	configPath := flagValue(t, append(slices.Clone(envoyC.Command), envoyC.Args...), "config-path")
 	doc := fileInPod(t, b, spec, envoyC, configPath)
-	bs, err := envoy.LoadBootstrap(doc)
+	bs, err := bootstrap.Load(doc)
 	require.NoError(t, err)
 
 	plugins, err := envoy.Plugins(bs)
@@ -730,7 +731,7 @@ func TestBootstrapConfigMapMatchesLocal(t *testing.T) {
 	load := func(path string) map[config.Role]*config.Config {
 		doc, err := os.ReadFile(path)
 		require.NoError(t, err)
-		b, err := envoy.LoadBootstrap(doc)
+		b, err := bootstrap.Load(doc)
 		require.NoError(t, err)
 		plugins, err := envoy.Plugins(b)
 		require.NoError(t, err)
@@ -759,7 +760,7 @@ func TestDemoSimulatorsServeTheConfiguredModels(t *testing.T) {
 
 	doc, err := os.ReadFile("k8s/base/envoy.yaml")
 	require.NoError(t, err)
-	bs, err := envoy.LoadBootstrap(doc)
+	bs, err := bootstrap.Load(doc)
 	require.NoError(t, err)
 	plugins, err := envoy.Plugins(bs)
 	require.NoError(t, err)

@@ -8,19 +8,12 @@ import (
 
 	bootstrapv3 "github.com/envoyproxy/go-control-plane/envoy/config/bootstrap/v3"
 	clusterv3 "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
-	listenerv3 "github.com/envoyproxy/go-control-plane/envoy/config/listener/v3"
 	routev3 "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
-	_ "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/router/v3" // registers the router's typed config for Any
-	wasmfilterv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/wasm/v3"
-	hcmv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/http_connection_manager/v3"
 	wasmv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/wasm/v3"
-	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
-	"google.golang.org/protobuf/reflect/protoreflect"
-	"google.golang.org/protobuf/types/known/anypb"
 	"google.golang.org/protobuf/types/known/wrapperspb"
-	"sigs.k8s.io/yaml"
 
+	"github.com/wasm-epp/wasm-epp/envoy/bootstrap"
 	"github.com/wasm-epp/wasm-epp/plugin/config"
 )
 
@@ -37,83 +30,9 @@ const (
 	DefaultBufferLimit = 1 << 20
 )
 
-// LoadBootstrap decodes a YAML bootstrap strictly (duplicate keys and unknown
-// fields are errors, as Envoy itself would reject them) into go-control-plane's
-// Bootstrap and runs the generated validation on it and on every typed
-// configuration packed in an Any, which ValidateAll alone does not enter.
-func LoadBootstrap(doc []byte) (*bootstrapv3.Bootstrap, error) {
-	js, err := yaml.YAMLToJSONStrict(doc)
-	if err != nil {
-		return nil, fmt.Errorf("bootstrap YAML: %w", err)
-	}
-	b := &bootstrapv3.Bootstrap{}
-	if err := (protojson.UnmarshalOptions{DiscardUnknown: false}).Unmarshal(js, b); err != nil {
-		return nil, fmt.Errorf("bootstrap is not an envoy.config.bootstrap.v3.Bootstrap: %w", err)
-	}
-	if err := b.ValidateAll(); err != nil {
-		return nil, fmt.Errorf("bootstrap validation: %w", err)
-	}
-	if err := validateNested(b.ProtoReflect(), "bootstrap"); err != nil {
-		return nil, err
-	}
-	return b, nil
-}
-
-type validator interface{ ValidateAll() error }
-
-// validateNested walks every message field and validates the contents of
-// each Any it finds (HCM inside a listener, wasm inside the HCM, ...).
-func validateNested(m protoreflect.Message, path string) error {
-	var errs []error
-	m.Range(func(fd protoreflect.FieldDescriptor, v protoreflect.Value) bool {
-		name := path + "." + string(fd.Name())
-		switch {
-		case fd.IsMap():
-			if fd.MapValue().Message() == nil {
-				return true
-			}
-			v.Map().Range(func(k protoreflect.MapKey, mv protoreflect.Value) bool {
-				errs = append(errs, visit(mv.Message(), fmt.Sprintf("%s[%v]", name, k.Interface())))
-				return true
-			})
-		case fd.IsList():
-			if fd.Message() == nil {
-				return true
-			}
-			for i := 0; i < v.List().Len(); i++ {
-				errs = append(errs, visit(v.List().Get(i).Message(), fmt.Sprintf("%s[%d]", name, i)))
-			}
-		case fd.Message() != nil:
-			errs = append(errs, visit(v.Message(), name))
-		}
-		return true
-	})
-	return errors.Join(errs...)
-}
-
-func visit(m protoreflect.Message, path string) error {
-	a, ok := m.Interface().(*anypb.Any)
-	if !ok {
-		return validateNested(m, path)
-	}
-	inner, err := a.UnmarshalNew()
-	if err != nil {
-		return fmt.Errorf("%s: %s: %w", path, a.GetTypeUrl(), err)
-	}
-	if v, ok := inner.(validator); ok {
-		if err := v.ValidateAll(); err != nil {
-			return fmt.Errorf("%s (%s): %w", path, a.GetTypeUrl(), err)
-		}
-	}
-	return validateNested(inner.ProtoReflect(), path+"<"+string(inner.ProtoReflect().Descriptor().FullName())+">")
-}
-
 // Plugin is one wasm-epp HTTP filter of a bootstrap and where it runs.
 type Plugin struct {
-	Listener    *listenerv3.Listener
-	HCM         *hcmv3.HttpConnectionManager
-	FilterIndex int // position in HCM.HttpFilters
-	Wasm        *wasmfilterv3.Wasm
+	bootstrap.WasmFilter
 	// Config is the plugin configuration as the plugin's own decoder reads
 	// it, with its defaults filled in.
 	Config *config.Config
@@ -121,36 +40,25 @@ type Plugin struct {
 
 // Where names the plugin for error messages.
 func (p Plugin) Where() string {
-	return fmt.Sprintf("listener %q http_filters[%d] (%s)", p.Listener.GetName(), p.FilterIndex, p.Wasm.GetConfig().GetName())
+	return fmt.Sprintf("listener %q http_filters[%d] (%s)", p.Listener.GetName(), p.Index, p.Wasm.GetConfig().GetName())
 }
 
 // Plugins returns every envoy.filters.http.wasm filter of the bootstrap's
 // static listeners with its configuration decoded by plugin/config.Decode.
 // Any configuration the plugin would refuse at start is an error here.
 func Plugins(b *bootstrapv3.Bootstrap) ([]Plugin, error) {
+	filters, err := bootstrap.WasmFilters(b)
+	errs := []error{err}
 	var out []Plugin
-	var errs []error
-	for _, l := range b.GetStaticResources().GetListeners() {
-		for _, hcm := range connectionManagers(l) {
-			for i, f := range hcm.GetHttpFilters() {
-				w := &wasmfilterv3.Wasm{}
-				if f.GetTypedConfig() == nil || !f.GetTypedConfig().MessageIs(w) {
-					continue
-				}
-				if err := f.GetTypedConfig().UnmarshalTo(w); err != nil {
-					errs = append(errs, fmt.Errorf("listener %q http_filters[%d]: %w", l.GetName(), i, err))
-					continue
-				}
-				p := Plugin{Listener: l, HCM: hcm, FilterIndex: i, Wasm: w}
-				cfg, err := pluginConfig(w.GetConfig())
-				if err != nil {
-					errs = append(errs, fmt.Errorf("%s: %w", p.Where(), err))
-					continue
-				}
-				p.Config = cfg
-				out = append(out, p)
-			}
+	for _, w := range filters {
+		p := Plugin{WasmFilter: w}
+		cfg, err := pluginConfig(w.Wasm.GetConfig())
+		if err != nil {
+			errs = append(errs, fmt.Errorf("%s: %w", p.Where(), err))
+			continue
 		}
+		p.Config = cfg
+		out = append(out, p)
 	}
 	return out, errors.Join(errs...)
 }
@@ -167,23 +75,6 @@ func pluginConfig(pc *wasmv3.PluginConfig) (*config.Config, error) {
 		return nil, err
 	}
 	return config.Decode([]byte(s.GetValue()))
-}
-
-func connectionManagers(l *listenerv3.Listener) []*hcmv3.HttpConnectionManager {
-	var out []*hcmv3.HttpConnectionManager
-	chains := slices.Clone(l.GetFilterChains())
-	if l.GetDefaultFilterChain() != nil {
-		chains = append(chains, l.GetDefaultFilterChain())
-	}
-	for _, fc := range chains {
-		for _, f := range fc.GetFilters() {
-			hcm := &hcmv3.HttpConnectionManager{}
-			if f.GetTypedConfig() != nil && f.GetTypedConfig().MessageIs(hcm) && f.GetTypedConfig().UnmarshalTo(hcm) == nil {
-				out = append(out, hcm)
-			}
-		}
-	}
-	return out
 }
 
 // Rules are the deployment-specific parts of Check.
@@ -304,7 +195,7 @@ func Check(b *bootstrapv3.Bootstrap, rules Rules) error {
 
 func checkFilterOrder(p Plugin, fail func(string, ...any)) {
 	filters := p.HCM.GetHttpFilters()
-	if f := filters[p.FilterIndex]; f.GetDisabled() || f.GetName() != WasmFilterName {
+	if f := filters[p.Index]; f.GetDisabled() || f.GetName() != WasmFilterName {
 		fail("%s: the filter must be named %s and enabled", p.Where(), WasmFilterName)
 	}
 	if len(filters) == 0 || filters[len(filters)-1].GetName() != RouterFilterName {

@@ -11,6 +11,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/wasm-epp/wasm-epp/envoy/bootstrap"
 	"github.com/wasm-epp/wasm-epp/plugin/config"
 )
 
@@ -30,7 +31,7 @@ func TestEveryBootstrapInFolderPasses(t *testing.T) {
 			require.True(t, ok, "add %s to rulesFor with the rules it must pass", f)
 			doc, err := os.ReadFile(f)
 			require.NoError(t, err)
-			b, err := LoadBootstrap(doc)
+			b, err := bootstrap.Load(doc)
 			require.NoError(t, err)
 			require.NoError(t, Check(b, rules))
 		})
@@ -42,7 +43,7 @@ func TestEveryBootstrapInFolderPasses(t *testing.T) {
 func TestLocalBootstrapFacts(t *testing.T) {
 	doc, err := os.ReadFile("envoy.yaml")
 	require.NoError(t, err)
-	b, err := LoadBootstrap(doc)
+	b, err := bootstrap.Load(doc)
 	require.NoError(t, err)
 	plugins, err := Plugins(b)
 	require.NoError(t, err)
@@ -100,7 +101,7 @@ func TestLocalBootstrapFacts(t *testing.T) {
 }
 
 // TestCheckRejects mutates the local bootstrap one fact at a time and
-// requires LoadBootstrap or Check to name the problem.
+// requires bootstrap.Load or Check to name the problem.
 func TestCheckRejects(t *testing.T) {
 	doc, err := os.ReadFile("envoy.yaml")
 	require.NoError(t, err)
@@ -145,7 +146,7 @@ func TestCheckRejects(t *testing.T) {
 			if tc.rules != nil {
 				rules = *tc.rules
 			}
-			b, err := LoadBootstrap([]byte(mutated))
+			b, err := bootstrap.Load([]byte(mutated))
 			if err == nil {
 				err = Check(b, rules)
 			}

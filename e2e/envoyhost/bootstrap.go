@@ -3,14 +3,11 @@ package envoyhost
 import (
 	"errors"
 	"fmt"
-	"net"
 	"os"
 	"path/filepath"
 	"sort"
-	"strconv"
 	"time"
 
-	bootstrapv3 "github.com/envoyproxy/go-control-plane/envoy/config/bootstrap/v3"
 	clusterv3 "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	listenerv3 "github.com/envoyproxy/go-control-plane/envoy/config/listener/v3"
@@ -19,13 +16,13 @@ import (
 	wasmfilterv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/wasm/v3"
 	hcmv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/http_connection_manager/v3"
 	wasmv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/wasm/v3"
-	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/reflect/protoreflect"
 	"google.golang.org/protobuf/types/known/anypb"
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/wrapperspb"
-	"sigs.k8s.io/yaml"
+
+	"github.com/wasm-epp/wasm-epp/envoy/bootstrap"
 )
 
 // Reading an Envoy bootstrap (YAML, envoy.config.bootstrap.v3.Bootstrap)
@@ -155,20 +152,14 @@ func contains(list []string, s string) bool {
 	return false
 }
 
-// LoadBootstrap decodes a bootstrap strictly (unknown fields are errors, as
-// in Envoy), checks every set field is one this host implements, runs the
-// generated proto validation and converts it to a Config.
+// LoadBootstrap reads a bootstrap with the project's one bootstrap reader
+// (envoy/bootstrap: strict decoding, as in Envoy, and the generated proto
+// validation), checks every set field is one this host implements and
+// converts it to a Config.
 func LoadBootstrap(doc []byte, opts BootstrapOptions) (Config, error) {
-	js, err := yaml.YAMLToJSONStrict(doc)
+	b, err := bootstrap.Load(doc)
 	if err != nil {
-		return Config{}, fmt.Errorf("bootstrap YAML: %w", err)
-	}
-	b := &bootstrapv3.Bootstrap{}
-	if err := protojson.Unmarshal(js, b); err != nil {
-		return Config{}, fmt.Errorf("bootstrap: %w", err)
-	}
-	if err := b.ValidateAll(); err != nil {
-		return Config{}, fmt.Errorf("bootstrap validation: %w", err)
+		return Config{}, err
 	}
 	if err := checkSupported(b.ProtoReflect(), "bootstrap"); err != nil {
 		return Config{}, err
@@ -204,17 +195,11 @@ func LoadBootstrap(doc []byte, opts BootstrapOptions) (Config, error) {
 }
 
 func socketAddress(a *corev3.Address, path string) (string, error) {
-	sa := a.GetSocketAddress()
-	if sa == nil {
-		return "", fmt.Errorf("%s: only socket_address is supported", path)
+	addr, err := bootstrap.SocketAddress(a)
+	if err != nil {
+		return "", fmt.Errorf("%s: %w", path, err)
 	}
-	if sa.GetProtocol() != corev3.SocketAddress_TCP {
-		return "", fmt.Errorf("%s: only TCP is supported", path)
-	}
-	if _, ok := sa.GetPortSpecifier().(*corev3.SocketAddress_PortValue); !ok {
-		return "", fmt.Errorf("%s: a port_value is required", path)
-	}
-	return net.JoinHostPort(sa.GetAddress(), strconv.FormatUint(uint64(sa.GetPortValue()), 10)), nil
+	return addr, nil
 }
 
 func convertListener(l *listenerv3.Listener, opts BootstrapOptions) (ListenerConfig, error) {
@@ -229,15 +214,14 @@ func convertListener(l *listenerv3.Listener, opts BootstrapOptions) (ListenerCon
 	if len(l.GetFilterChains()) != 1 || len(l.GetFilterChains()[0].GetFilters()) != 1 {
 		return lc, errors.New("exactly one filter chain with one filter (the HTTP connection manager) is supported")
 	}
-	f := l.GetFilterChains()[0].GetFilters()[0]
-	msg, err := f.GetTypedConfig().UnmarshalNew()
+	cms, err := bootstrap.ConnectionManagers(l)
 	if err != nil {
-		return lc, fmt.Errorf("filter %q: %w", f.GetName(), err)
+		return lc, err
 	}
-	hcm, ok := msg.(*hcmv3.HttpConnectionManager)
-	if !ok {
-		return lc, fmt.Errorf("filter %q: only the HTTP connection manager is supported", f.GetName())
+	if len(cms) != 1 {
+		return lc, fmt.Errorf("filter %q: only the HTTP connection manager is supported", l.GetFilterChains()[0].GetFilters()[0].GetName())
 	}
+	hcm := cms[0].HCM
 	switch hcm.GetCodecType() {
 	case hcmv3.HttpConnectionManager_AUTO, hcmv3.HttpConnectionManager_HTTP1:
 	default:

@@ -1,17 +1,21 @@
 package stack
 
 import (
-	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"net"
 	"path/filepath"
-	"strconv"
+	"strings"
 
-	"sigs.k8s.io/yaml"
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	listenerv3 "github.com/envoyproxy/go-control-plane/envoy/config/listener/v3"
+	wasmfilterv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/wasm/v3"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/anypb"
+	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	"github.com/wasm-epp/wasm-epp/envoy"
+	"github.com/wasm-epp/wasm-epp/envoy/bootstrap"
 	"github.com/wasm-epp/wasm-epp/plugin/config"
 )
 
@@ -42,24 +46,15 @@ type RouterListener struct {
 	Patch map[string]any
 }
 
-const (
-	hcmFilter  = "envoy.filters.network.http_connection_manager"
-	wasmFilter = "envoy.filters.http.wasm"
-)
-
 // RenderBootstrap applies o to the YAML bootstrap template and returns the
-// result as YAML. The output is checked the way the project checks every
-// bootstrap (envoy.LoadBootstrap and envoy.Check), so a template or option
-// mistake fails here with the field named, not later inside Envoy.
+// result as YAML. The template is read, edited and written back as typed
+// Envoy messages (envoy/bootstrap), and the output is checked the way the
+// project checks every bootstrap (bootstrap.Load and envoy.Check), so a
+// template or option mistake fails here with the field named, not later
+// inside Envoy.
 func RenderBootstrap(template []byte, o BootstrapOptions) ([]byte, error) {
-	js, err := yaml.YAMLToJSONStrict(template)
+	b, err := bootstrap.Load(template)
 	if err != nil {
-		return nil, fmt.Errorf("bootstrap template: %w", err)
-	}
-	var root map[string]any
-	dec := json.NewDecoder(bytes.NewReader(js))
-	dec.UseNumber() // keep port numbers and byte limits exactly as written
-	if err := dec.Decode(&root); err != nil {
 		return nil, fmt.Errorf("bootstrap template: %w", err)
 	}
 	if o.WasmPath != "" {
@@ -70,56 +65,23 @@ func RenderBootstrap(template []byte, o BootstrapOptions) ([]byte, error) {
 		o.WasmPath = abs
 	}
 	if o.AdminAddr != "" {
-		admin, err := path(root, "admin", "address")
-		if err != nil {
-			return nil, fmt.Errorf("bootstrap: %w", err)
+		if b.GetAdmin().GetAddress() == nil {
+			return nil, errors.New("bootstrap: admin.address missing")
 		}
-		if err := setSocketAddress(admin, o.AdminAddr); err != nil {
+		if err := bootstrap.SetSocketAddress(b.GetAdmin().GetAddress(), o.AdminAddr); err != nil {
 			return nil, fmt.Errorf("admin: %w", err)
 		}
 	}
-	statics, err := obj(root, "static_resources")
+	plugins, err := envoy.Plugins(b)
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("bootstrap template: %w", err)
 	}
-	listeners, _ := statics["listeners"].([]any)
-	var routerListener map[string]any
+	var routerListener *listenerv3.Listener
 	found := map[config.Role]int{}
-	for i, l := range listeners {
-		lm, ok := l.(map[string]any)
-		if !ok {
-			return nil, fmt.Errorf("static_resources.listeners[%d] is not an object", i)
-		}
-		plugins, err := wasmPlugins(lm)
-		if err != nil {
-			return nil, fmt.Errorf("listener %v: %w", lm["name"], err)
-		}
-		for _, p := range plugins {
-			role, err := pluginRole(p)
-			if err != nil {
-				return nil, fmt.Errorf("listener %v: %w", lm["name"], err)
-			}
-			found[role]++
-			if o.WasmPath != "" {
-				if err := setCodePath(p, o.WasmPath); err != nil {
-					return nil, fmt.Errorf("listener %v: %w", lm["name"], err)
-				}
-			}
-			switch role {
-			case config.RoleRouter:
-				if routerListener == nil {
-					routerListener = lm
-				}
-				err = patchPluginConfig(p, o.RouterPatch)
-			case config.RoleReceiver:
-				err = patchPluginConfig(p, o.ReceiverPatch)
-				if err == nil && o.PushAddr != "" {
-					err = setListenerAddress(lm, o.PushAddr)
-				}
-			}
-			if err != nil {
-				return nil, fmt.Errorf("listener %v: %w", lm["name"], err)
-			}
+	for _, p := range plugins {
+		found[p.Config.Role]++
+		if err := renderPlugin(p, o, &routerListener); err != nil {
+			return nil, fmt.Errorf("listener %q: %w", p.Listener.GetName(), err)
 		}
 	}
 	if found[config.RoleRouter] != 1 || found[config.RoleReceiver] != 1 {
@@ -128,49 +90,78 @@ func RenderBootstrap(template []byte, o BootstrapOptions) ([]byte, error) {
 	}
 	// Copy before the router's own address changes, so copies start from
 	// the template and get their own address below.
+	statics := b.GetStaticResources()
 	for _, extra := range o.ExtraRouters {
 		if extra.Name == "" || extra.Addr == "" {
 			return nil, errors.New("extra router listener needs a name and an address")
 		}
-		cp, err := deepCopy(routerListener)
-		if err != nil {
-			return nil, err
-		}
-		cp["name"] = extra.Name
-		if err := setListenerAddress(cp, extra.Addr); err != nil {
+		cp := proto.Clone(routerListener).(*listenerv3.Listener)
+		cp.Name = extra.Name
+		if err := bootstrap.SetSocketAddress(cp.GetAddress(), extra.Addr); err != nil {
 			return nil, fmt.Errorf("listener %s: %w", extra.Name, err)
 		}
-		plugins, _ := wasmPlugins(cp)
-		for _, p := range plugins {
-			if err := patchPluginConfig(p, extra.Patch); err != nil {
+		filters, err := bootstrap.ListenerWasmFilters(cp)
+		if err != nil {
+			return nil, fmt.Errorf("listener %s: %w", extra.Name, err)
+		}
+		for _, w := range filters {
+			if err := patchPluginConfig(w.Wasm, extra.Patch); err != nil {
 				return nil, fmt.Errorf("listener %s: %w", extra.Name, err)
 			}
+			if err := w.Store(); err != nil {
+				return nil, err
+			}
 		}
-		listeners = append(listeners, cp)
+		statics.Listeners = append(statics.Listeners, cp)
 	}
-	statics["listeners"] = listeners
 	if o.ClientAddr != "" {
-		if err := setListenerAddress(routerListener, o.ClientAddr); err != nil {
-			return nil, fmt.Errorf("listener %v: %w", routerListener["name"], err)
+		if err := bootstrap.SetSocketAddress(routerListener.GetAddress(), o.ClientAddr); err != nil {
+			return nil, fmt.Errorf("listener %q: %w", routerListener.GetName(), err)
 		}
 	}
 
-	outJSON, err := json.Marshal(root)
+	out, err := bootstrap.Marshal(b)
 	if err != nil {
 		return nil, err
 	}
-	out, err := yaml.JSONToYAML(outJSON)
-	if err != nil {
-		return nil, err
-	}
-	b, err := envoy.LoadBootstrap(out)
+	rendered, err := bootstrap.Load(out)
 	if err != nil {
 		return nil, fmt.Errorf("rendered bootstrap: %w", err)
 	}
-	if err := envoy.Check(b, envoy.Rules{}); err != nil {
+	if err := envoy.Check(rendered, envoy.Rules{}); err != nil {
 		return nil, fmt.Errorf("rendered bootstrap: %w", err)
 	}
 	return out, nil
+}
+
+// renderPlugin applies o to one plugin of the template: its code path, its
+// role's configuration patch and, for the receiver, its listener address.
+// The router's listener is remembered for the copies and the client address.
+func renderPlugin(p envoy.Plugin, o BootstrapOptions, routerListener **listenerv3.Listener) error {
+	if o.WasmPath != "" {
+		local := p.Wasm.GetConfig().GetVmConfig().GetCode().GetLocal()
+		if local == nil {
+			return errors.New("plugin vm_config.code.local missing")
+		}
+		local.Specifier = &corev3.DataSource_Filename{Filename: o.WasmPath}
+	}
+	var err error
+	switch p.Config.Role {
+	case config.RoleRouter:
+		if *routerListener == nil {
+			*routerListener = p.Listener
+		}
+		err = patchPluginConfig(p.Wasm, o.RouterPatch)
+	case config.RoleReceiver:
+		err = patchPluginConfig(p.Wasm, o.ReceiverPatch)
+		if err == nil && o.PushAddr != "" {
+			err = bootstrap.SetSocketAddress(p.Listener.GetAddress(), o.PushAddr)
+		}
+	}
+	if err != nil {
+		return err
+	}
+	return p.Store()
 }
 
 // BootstrapInfo is what the stack needs to know about a rendered bootstrap.
@@ -190,7 +181,7 @@ type BootstrapInfo struct {
 // InspectBootstrap reads addresses and plugin configurations from a YAML
 // bootstrap.
 func InspectBootstrap(doc []byte) (*BootstrapInfo, error) {
-	b, err := envoy.LoadBootstrap(doc)
+	b, err := bootstrap.Load(doc)
 	if err != nil {
 		return nil, err
 	}
@@ -199,11 +190,13 @@ func InspectBootstrap(doc []byte) (*BootstrapInfo, error) {
 		return nil, err
 	}
 	info := &BootstrapInfo{Listeners: map[string]string{}}
-	sa := b.GetAdmin().GetAddress().GetSocketAddress()
-	info.AdminAddr = net.JoinHostPort(sa.GetAddress(), strconv.Itoa(int(sa.GetPortValue())))
+	if info.AdminAddr, err = bootstrap.SocketAddress(b.GetAdmin().GetAddress()); err != nil {
+		return nil, fmt.Errorf("admin.address: %w", err)
+	}
 	for _, l := range b.GetStaticResources().GetListeners() {
-		sa := l.GetAddress().GetSocketAddress()
-		info.Listeners[l.GetName()] = net.JoinHostPort(sa.GetAddress(), strconv.Itoa(int(sa.GetPortValue())))
+		if info.Listeners[l.GetName()], err = bootstrap.SocketAddress(l.GetAddress()); err != nil {
+			return nil, fmt.Errorf("listener %q: %w", l.GetName(), err)
+		}
 	}
 	for _, p := range plugins {
 		switch p.Config.Role {
@@ -223,99 +216,23 @@ func InspectBootstrap(doc []byte) (*BootstrapInfo, error) {
 	return info, nil
 }
 
-func obj(m map[string]any, key string) (map[string]any, error) {
-	v, ok := m[key].(map[string]any)
-	if !ok {
-		return nil, fmt.Errorf("bootstrap: %q missing or not an object", key)
-	}
-	return v, nil
-}
-
-func path(m map[string]any, keys ...string) (map[string]any, error) {
-	cur := m
-	for i, k := range keys {
-		next, ok := cur[k].(map[string]any)
-		if !ok {
-			return nil, fmt.Errorf("%v missing or not an object", keys[:i+1])
-		}
-		cur = next
-	}
-	return cur, nil
-}
-
-// wasmPlugins returns the typed_config.config object of every wasm HTTP
-// filter of a listener.
-func wasmPlugins(listener map[string]any) ([]map[string]any, error) {
-	var out []map[string]any
-	chains, _ := listener["filter_chains"].([]any)
-	for _, c := range chains {
-		cm, _ := c.(map[string]any)
-		filters, _ := cm["filters"].([]any)
-		for _, f := range filters {
-			fm, _ := f.(map[string]any)
-			if fm["name"] != hcmFilter {
-				continue
-			}
-			hcm, err := path(fm, "typed_config")
-			if err != nil {
-				return nil, err
-			}
-			httpFilters, _ := hcm["http_filters"].([]any)
-			for _, hf := range httpFilters {
-				hfm, _ := hf.(map[string]any)
-				if hfm["name"] != wasmFilter {
-					continue
-				}
-				pc, err := path(hfm, "typed_config", "config")
-				if err != nil {
-					return nil, err
-				}
-				out = append(out, pc)
-			}
-		}
-	}
-	return out, nil
-}
-
-func pluginConfigValue(p map[string]any) (map[string]any, error) {
-	c, err := path(p, "configuration")
-	if err != nil {
-		return nil, err
-	}
-	s, ok := c["value"].(string)
-	if !ok {
-		return nil, errors.New("plugin configuration must be a StringValue with a JSON value")
-	}
-	var v map[string]any
-	dec := json.NewDecoder(bytes.NewReader([]byte(s)))
-	dec.UseNumber()
-	if err := dec.Decode(&v); err != nil {
-		return nil, fmt.Errorf("plugin configuration: %w", err)
-	}
-	return v, nil
-}
-
-func pluginRole(p map[string]any) (config.Role, error) {
-	v, err := pluginConfigValue(p)
-	if err != nil {
-		return "", err
-	}
-	switch r := v["role"].(type) {
-	case nil:
-		return config.RoleRouter, nil
-	case string:
-		return config.Role(r), nil
-	}
-	return "", errors.New("plugin configuration: role is not a string")
-}
-
-func patchPluginConfig(p map[string]any, patch map[string]any) error {
+// patchPluginConfig applies a JSON merge patch to the plugin configuration
+// (a StringValue holding JSON; envoy.Plugins has checked that) and checks the
+// result with the plugin's own decoder.
+func patchPluginConfig(w *wasmfilterv3.Wasm, patch map[string]any) error {
 	if len(patch) == 0 {
 		return nil
 	}
-	v, err := pluginConfigValue(p)
-	if err != nil {
-		return err
+	pc := w.GetConfig()
+	s := &wrapperspb.StringValue{}
+	if err := pc.GetConfiguration().UnmarshalTo(s); err != nil {
+		return fmt.Errorf("plugin configuration: %w", err)
+	}
+	var v map[string]any
+	dec := json.NewDecoder(strings.NewReader(s.GetValue()))
+	dec.UseNumber() // keep numbers exactly as written
+	if err := dec.Decode(&v); err != nil {
+		return fmt.Errorf("plugin configuration: %w", err)
 	}
 	mergePatch(v, patch)
 	js, err := json.MarshalIndent(v, "", "  ")
@@ -325,8 +242,11 @@ func patchPluginConfig(p map[string]any, patch map[string]any) error {
 	if _, err := config.Decode(js); err != nil {
 		return fmt.Errorf("patched plugin configuration: %w", err)
 	}
-	c, _ := path(p, "configuration")
-	c["value"] = string(js) + "\n"
+	a, err := anypb.New(wrapperspb.String(string(js) + "\n"))
+	if err != nil {
+		return err
+	}
+	pc.Configuration = a
 	return nil
 }
 
@@ -349,57 +269,4 @@ func mergePatch(dst, patch map[string]any) {
 		}
 		dst[k] = pv
 	}
-}
-
-func setCodePath(p map[string]any, file string) error {
-	local, err := path(p, "vm_config", "code", "local")
-	if err != nil {
-		return fmt.Errorf("plugin vm_config: %w", err)
-	}
-	delete(local, "inline_bytes")
-	delete(local, "inline_string")
-	local["filename"] = file
-	return nil
-}
-
-func setListenerAddress(l map[string]any, hostport string) error {
-	a, err := path(l, "address")
-	if err != nil {
-		return err
-	}
-	return setSocketAddress(a, hostport)
-}
-
-// setSocketAddress sets an envoy.config.core.v3.Address object's
-// socket_address.
-func setSocketAddress(address map[string]any, hostport string) error {
-	host, port, err := net.SplitHostPort(hostport)
-	if err != nil {
-		return err
-	}
-	n, err := strconv.ParseUint(port, 10, 16)
-	if err != nil {
-		return fmt.Errorf("port %q: %w", port, err)
-	}
-	sa, err := path(address, "socket_address")
-	if err != nil {
-		return err
-	}
-	sa["address"] = host
-	sa["port_value"] = json.Number(strconv.FormatUint(n, 10))
-	return nil
-}
-
-func deepCopy(m map[string]any) (map[string]any, error) {
-	js, err := json.Marshal(m)
-	if err != nil {
-		return nil, err
-	}
-	var out map[string]any
-	dec := json.NewDecoder(bytes.NewReader(js))
-	dec.UseNumber()
-	if err := dec.Decode(&out); err != nil {
-		return nil, err
-	}
-	return out, nil
 }

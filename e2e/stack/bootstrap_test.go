@@ -9,6 +9,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/wasm-epp/wasm-epp/envoy"
+	"github.com/wasm-epp/wasm-epp/envoy/bootstrap"
 	"github.com/wasm-epp/wasm-epp/plugin/config"
 )
 
@@ -50,7 +51,7 @@ func TestRenderBootstrap(t *testing.T) {
 				require.Equal(t, "127.0.0.1:20003", info.AdminAddr)
 				abs, err := filepath.Abs("bin/wasm-epp.wasm")
 				require.NoError(t, err)
-				b, err := envoy.LoadBootstrap(rendered)
+				b, err := bootstrap.Load(rendered)
 				require.NoError(t, err)
 				require.NoError(t, envoy.Check(b, envoy.Rules{WasmFile: abs, PushOnLoopback: true}))
 			},
@@ -80,7 +81,7 @@ func TestRenderBootstrap(t *testing.T) {
 			check: func(t *testing.T, info *BootstrapInfo, rendered []byte) {
 				require.Equal(t, "127.0.0.1:20004", info.Listeners["strict"])
 				require.Equal(t, "127.0.0.1:20001", info.Listeners[info.ClientListener])
-				b, err := envoy.LoadBootstrap(rendered)
+				b, err := bootstrap.Load(rendered)
 				require.NoError(t, err)
 				plugins, err := envoy.Plugins(b)
 				require.NoError(t, err)
