@@ -3,8 +3,66 @@
 // It runs a real .wasm plugin the way Envoy (with proxy-wasm-cpp-host and
 // the V8 runtime) does, so tests of the plugin test the binary users
 // deploy. Each emulated behaviour names the upstream source it follows;
-// the repositories are proxy-wasm/proxy-wasm-cpp-host ("cpp-host") and
-// envoyproxy/envoy ("envoy").
+// the repositories are proxy-wasm/proxy-wasm-cpp-host ("cpp-host"),
+// envoyproxy/envoy ("envoy") and proxy-wasm/proxy-wasm-cpp-sdk.
+//
+// Where each behaviour lives (file: what it emulates, after which upstream
+// source):
+//
+//	imports.go, wasmbin.go  the import set, load-time checks, ABI version export
+//	                        cpp-host include/proxy-wasm/exports.h, src/wasm.cc,
+//	                        src/v8/v8.cc (link), src/bytecode_util.cc
+//	abi.go                  result codes, map/buffer/stream types, statuses
+//	                        proxy-wasm-cpp-sdk proxy_wasm_common.h, proxy_wasm_enums.h
+//	hostcalls.go            the ABI table: every env.* host call with its named
+//	                        parameters, argument checks, guest memory in and out
+//	                        cpp-host src/exports.cc
+//	wasi.go                 WASI preview1 without a file system
+//	                        cpp-host src/exports.cc (wasi_unstable_*)
+//	context.go              what host calls do to a context: header maps,
+//	                        buffers, local replies, continue/close, set_property,
+//	                        metrics
+//	                        envoy source/extensions/common/wasm/context.cc
+//	properties.go           get_property paths and their serialisation
+//	                        envoy context.cc getProperty, findValue;
+//	                        source/extensions/filters/common/expr/context.cc
+//	headers.go              the header pairs format
+//	                        cpp-host src/pairs_util.cc
+//	vm.go                   VM start, restricted callbacks, allocator, effective
+//	                        context, callbacks and after-call actions, tick timers
+//	                        cpp-host src/wasm.cc, src/context.cc,
+//	                        include/proxy-wasm/wasm_vm.h;
+//	                        envoy source/extensions/common/wasm/wasm.cc (timers)
+//	plugin.go               base VM, canary, per-thread VMs, failure policies
+//	                        cpp-host src/wasm.cc; envoy source/extensions/common/wasm/wasm.cc
+//	memory.go               linear memory reserved up front and grown in place (V8)
+//	shareddata.go           shared data and shared queues per vm_id
+//	                        cpp-host src/shared_data.cc, src/shared_queue.cc
+//	httpcall.go             proxy_http_call and on_http_call_response
+//	                        envoy context.cc httpCall, onHttpCallSuccess/Failure
+//	filter.go               one stream through the filter chain: header, body and
+//	                        trailer callbacks, status conversion, buffering, 413,
+//	                        continue, local replies through the encoder filters,
+//	                        on_log/on_done/on_delete
+//	                        envoy source/common/http/filter_manager.cc, context.cc
+//	                        decodeHeaders..onDestroy; cpp-host src/context.cc
+//	listener.go             listeners, request header map, connection manager
+//	                        header handling (x-forwarded-for, path normalisation)
+//	                        envoy source/common/http/conn_manager_impl.cc,
+//	                        conn_manager_utility.cc
+//	router.go               route table, direct responses, STATIC and ORIGINAL_DST
+//	                        clusters, upstream requests, route timeout
+//	                        envoy source/common/router/router.cc, config_impl.cc;
+//	                        source/extensions/clusters/original_dst/original_dst_cluster.cc
+//	stats.go, admin.go      plugin metrics, /stats and /stats/prometheus
+//	                        envoy source/extensions/common/wasm/stats_handler.h,
+//	                        source/common/stats/, source/server/admin/prometheus_stats.cc
+//	host.go, config.go      Host (New, Start, Close, host modules) and Config
+//	                        with its defaults
+//	bootstrap.go            a bootstrap (read by envoy/bootstrap) into a Config;
+//	                        fields the host does not emulate are refused
+//	                        envoy api/envoy/config/bootstrap/v3/bootstrap.proto and
+//	                        the protos it embeds
 //
 // What it covers:
 //   - loading: ABI version export, the exact cpp-host import set (imports.go;

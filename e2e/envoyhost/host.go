@@ -110,10 +110,11 @@ func New(cfg Config) (*Host, error) {
 	return h, nil
 }
 
-// registerHostModules instantiates "env", "wasi_unstable" and
-// "wasi_snapshot_preview1" with every function of importSpecs. Which of
-// them a module may import is decided by CheckImports (ABI version, WASI
-// profile); a function called while callbacks are restricted traps.
+// registerHostModules instantiates "env" with the ABI table (hostcalls.go)
+// and "wasi_unstable" and "wasi_snapshot_preview1" with every WASI function
+// (wasi.go). Which of them a module may import is decided by CheckImports
+// (ABI version, WASI profile); a function called while callbacks are
+// restricted traps.
 func (h *Host) registerHostModules() error {
 	builders := map[string]wazero.HostModuleBuilder{}
 	builder := func(mod string) wazero.HostModuleBuilder {
@@ -124,30 +125,33 @@ func (h *Host) registerHostModules() error {
 		builders[mod] = b
 		return b
 	}
-	for _, spec := range importSpecs {
-		impls := proxyImpls
-		mods := []string{spec.module}
-		if spec.module == "wasi" {
-			impls = wasiImpls
-			mods = wasiModules
-		}
-		impl, ok := impls[spec.name]
-		if !ok {
-			return fmt.Errorf("internal: no implementation of %s", spec.name)
-		}
-		sig := parseSig(spec.sig)
-		for _, mod := range mods {
-			qname := mod + "." + spec.name
-			fn := func(ctx context.Context, _ api.Module, stack []uint64) {
-				vm := vmFromContext(ctx)
-				if vm.allowed != nil && !vm.allowed[qname] {
-					panic(restrictedCallback{name: qname})
-				}
-				impl(vm, stack)
+	export := func(mod, name string, impl hostImpl, sig FuncType) {
+		qname := mod + "." + name
+		fn := func(ctx context.Context, _ api.Module, stack []uint64) {
+			vm := vmFromContext(ctx)
+			if vm.allowed != nil && !vm.allowed[qname] {
+				panic(restrictedCallback{name: qname})
 			}
-			builder(mod).NewFunctionBuilder().
-				WithGoModuleFunction(api.GoModuleFunc(fn), valueTypes(sig.Params), valueTypes(sig.Results)).
-				Export(spec.name)
+			impl(vm, stack)
+		}
+		builder(mod).NewFunctionBuilder().
+			WithGoModuleFunction(api.GoModuleFunc(fn), valueTypes(sig.Params), valueTypes(sig.Results)).
+			Export(name)
+	}
+	for _, c := range proxyABI {
+		impl, sig, err := adaptProxyCall(c.fn)
+		if err != nil {
+			return fmt.Errorf("internal: %s: %w", c.name, err)
+		}
+		export("env", c.name, impl, sig)
+	}
+	for _, w := range wasiSpecs {
+		impl, ok := wasiImpls[w.name]
+		if !ok {
+			return fmt.Errorf("internal: no implementation of %s", w.name)
+		}
+		for _, mod := range wasiModules {
+			export(mod, w.name, impl, parseSig(w.sig))
 		}
 	}
 	names := make([]string, 0, len(builders))

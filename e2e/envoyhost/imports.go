@@ -6,10 +6,11 @@ import (
 	"strings"
 )
 
-// The functions proxy-wasm-cpp-host offers a module: the single written-down
-// copy of the allowed import set in this repository. The host registers
-// exactly these (hostcalls.go and wasi.go implement them) and a module
-// importing anything else fails to load, as in cpp-host src/v8/v8.cc (link).
+// The functions proxy-wasm-cpp-host offers a module, written down once: the
+// env.* functions are the ABI table in hostcalls.go, the WASI functions are
+// wasiSpecs below (implemented in wasi.go). The host registers exactly these
+// and a module importing anything else fails to load, as in cpp-host
+// src/v8/v8.cc (link).
 //
 // Sources:
 //   - proxy_* and env.*: cpp-host include/proxy-wasm/exports.h
@@ -57,114 +58,69 @@ func ParseWASIProfile(s string) (WASIProfile, error) {
 	return 0, fmt.Errorf("unknown WASI profile %q (want current or legacy)", s)
 }
 
-// importSpec is one host function: name, signature and availability.
-type importSpec struct {
-	module string // "env" or "wasi" (registered under both WASI module names)
+// wasiSpec is one WASI function: name, signature with cpp-host's parameter
+// names (src/exports.cc; Word is i32, uint64_t and int64_t are i64) and
+// whether WASILegacy has it too. The env.* functions are the ABI table in
+// hostcalls.go, where each Go signature is the Wasm one.
+type wasiSpec struct {
 	name   string
-	sig    string // params ":" results, i = i32, I = i64
-	abis   []ABIVersion
-	legacy bool // WASI only: present in WASILegacy too
+	sig    string // "(name type, ...) result", types i32 or i64
+	legacy bool
 }
 
 var allABIs = []ABIVersion{ABI010, ABI020, ABI021}
 
-// importSpecs is the table described above.
-var importSpecs = []importSpec{
-	// env: emscripten helpers cpp-host always registers.
-	{module: "env", name: "pthread_equal", sig: "ii:i", abis: allABIs},
-	{module: "env", name: "emscripten_notify_memory_growth", sig: "i:", abis: allABIs},
-	// env: FOR_ALL_HOST_FUNCTIONS.
-	{module: "env", name: "proxy_log", sig: "iii:i", abis: allABIs},
-	{module: "env", name: "proxy_get_status", sig: "iii:i", abis: allABIs},
-	{module: "env", name: "proxy_set_property", sig: "iiii:i", abis: allABIs},
-	{module: "env", name: "proxy_get_property", sig: "iiii:i", abis: allABIs},
-	{module: "env", name: "proxy_send_local_response", sig: "iiiiiiii:i", abis: allABIs},
-	{module: "env", name: "proxy_get_shared_data", sig: "iiiii:i", abis: allABIs},
-	{module: "env", name: "proxy_set_shared_data", sig: "iiiii:i", abis: allABIs},
-	{module: "env", name: "proxy_register_shared_queue", sig: "iii:i", abis: allABIs},
-	{module: "env", name: "proxy_resolve_shared_queue", sig: "iiiii:i", abis: allABIs},
-	{module: "env", name: "proxy_dequeue_shared_queue", sig: "iii:i", abis: allABIs},
-	{module: "env", name: "proxy_enqueue_shared_queue", sig: "iii:i", abis: allABIs},
-	{module: "env", name: "proxy_get_header_map_value", sig: "iiiii:i", abis: allABIs},
-	{module: "env", name: "proxy_add_header_map_value", sig: "iiiii:i", abis: allABIs},
-	{module: "env", name: "proxy_replace_header_map_value", sig: "iiiii:i", abis: allABIs},
-	{module: "env", name: "proxy_remove_header_map_value", sig: "iii:i", abis: allABIs},
-	{module: "env", name: "proxy_get_header_map_pairs", sig: "iii:i", abis: allABIs},
-	{module: "env", name: "proxy_set_header_map_pairs", sig: "iii:i", abis: allABIs},
-	{module: "env", name: "proxy_get_header_map_size", sig: "ii:i", abis: allABIs},
-	{module: "env", name: "proxy_get_buffer_status", sig: "iii:i", abis: allABIs},
-	{module: "env", name: "proxy_get_buffer_bytes", sig: "iiiii:i", abis: allABIs},
-	{module: "env", name: "proxy_set_buffer_bytes", sig: "iiiii:i", abis: allABIs},
-	{module: "env", name: "proxy_http_call", sig: "iiiiiiiiii:i", abis: allABIs},
-	{module: "env", name: "proxy_grpc_call", sig: "iiiiiiiiiiii:i", abis: allABIs},
-	{module: "env", name: "proxy_grpc_stream", sig: "iiiiiiiii:i", abis: allABIs},
-	{module: "env", name: "proxy_grpc_close", sig: "i:i", abis: allABIs},
-	{module: "env", name: "proxy_grpc_cancel", sig: "i:i", abis: allABIs},
-	{module: "env", name: "proxy_grpc_send", sig: "iiii:i", abis: allABIs},
-	{module: "env", name: "proxy_set_tick_period_milliseconds", sig: "i:i", abis: allABIs},
-	{module: "env", name: "proxy_get_current_time_nanoseconds", sig: "i:i", abis: allABIs},
-	{module: "env", name: "proxy_define_metric", sig: "iiii:i", abis: allABIs},
-	{module: "env", name: "proxy_increment_metric", sig: "iI:i", abis: allABIs},
-	{module: "env", name: "proxy_record_metric", sig: "iI:i", abis: allABIs},
-	{module: "env", name: "proxy_get_metric", sig: "ii:i", abis: allABIs},
-	{module: "env", name: "proxy_set_effective_context", sig: "i:i", abis: allABIs},
-	{module: "env", name: "proxy_done", sig: ":i", abis: allABIs},
-	{module: "env", name: "proxy_call_foreign_function", sig: "iiiiii:i", abis: allABIs},
-	// env: FOR_ALL_HOST_FUNCTIONS_ABI_SPECIFIC, per wasm.cc registerCallbacks.
-	{module: "env", name: "proxy_get_configuration", sig: "ii:i", abis: []ABIVersion{ABI010}},
-	{module: "env", name: "proxy_continue_request", sig: ":i", abis: []ABIVersion{ABI010}},
-	{module: "env", name: "proxy_continue_response", sig: ":i", abis: []ABIVersion{ABI010}},
-	{module: "env", name: "proxy_clear_route_cache", sig: ":i", abis: []ABIVersion{ABI010}},
-	{module: "env", name: "proxy_continue_stream", sig: "i:i", abis: []ABIVersion{ABI020, ABI021}},
-	{module: "env", name: "proxy_close_stream", sig: "i:i", abis: []ABIVersion{ABI020, ABI021}},
-	{module: "env", name: "proxy_get_log_level", sig: "i:i", abis: []ABIVersion{ABI021}},
-	// WASI, legacy set (#427).
-	{module: "wasi", name: "fd_write", sig: "iiii:i", legacy: true},
-	{module: "wasi", name: "fd_read", sig: "iiii:i", legacy: true},
-	{module: "wasi", name: "fd_seek", sig: "iIii:i", legacy: true},
-	{module: "wasi", name: "fd_close", sig: "i:i", legacy: true},
-	{module: "wasi", name: "fd_fdstat_get", sig: "ii:i", legacy: true},
-	{module: "wasi", name: "fd_fdstat_set_flags", sig: "ii:i", legacy: true},
-	{module: "wasi", name: "environ_get", sig: "ii:i", legacy: true},
-	{module: "wasi", name: "environ_sizes_get", sig: "ii:i", legacy: true},
-	{module: "wasi", name: "args_get", sig: "ii:i", legacy: true},
-	{module: "wasi", name: "args_sizes_get", sig: "ii:i", legacy: true},
-	{module: "wasi", name: "clock_time_get", sig: "iIi:i", legacy: true},
-	{module: "wasi", name: "random_get", sig: "ii:i", legacy: true},
-	{module: "wasi", name: "sched_yield", sig: ":i", legacy: true},
-	{module: "wasi", name: "poll_oneoff", sig: "iiii:i", legacy: true},
-	{module: "wasi", name: "proc_exit", sig: "i:", legacy: true},
-	{module: "wasi", name: "path_open", sig: "iiiiiIIii:i", legacy: true},
-	{module: "wasi", name: "fd_prestat_get", sig: "ii:i", legacy: true},
-	{module: "wasi", name: "fd_prestat_dir_name", sig: "iii:i", legacy: true},
-	// WASI, added by #533.
-	{module: "wasi", name: "fd_fdstat_set_rights", sig: "iII:i"},
-	{module: "wasi", name: "clock_res_get", sig: "ii:i"},
-	{module: "wasi", name: "fd_advise", sig: "iIIi:i"},
-	{module: "wasi", name: "fd_allocate", sig: "iII:i"},
-	{module: "wasi", name: "fd_datasync", sig: "i:i"},
-	{module: "wasi", name: "fd_filestat_set_size", sig: "iI:i"},
-	{module: "wasi", name: "fd_filestat_set_times", sig: "iIIi:i"},
-	{module: "wasi", name: "fd_pread", sig: "iiiIi:i"},
-	{module: "wasi", name: "fd_pwrite", sig: "iiiIi:i"},
-	{module: "wasi", name: "fd_readdir", sig: "iiiIi:i"},
-	{module: "wasi", name: "fd_renumber", sig: "ii:i"},
-	{module: "wasi", name: "fd_sync", sig: "i:i"},
-	{module: "wasi", name: "fd_tell", sig: "ii:i"},
-	{module: "wasi", name: "path_create_directory", sig: "iii:i"},
-	{module: "wasi", name: "path_filestat_set_times", sig: "iiiiIIi:i"},
-	{module: "wasi", name: "path_link", sig: "iiiiii:i"},
-	{module: "wasi", name: "path_readlink", sig: "iiiiii:i"},
-	{module: "wasi", name: "path_remove_directory", sig: "iii:i"},
-	{module: "wasi", name: "path_rename", sig: "iiiiii:i"},
-	{module: "wasi", name: "path_symlink", sig: "iiii:i"},
-	{module: "wasi", name: "path_unlink_file", sig: "iii:i"},
-	{module: "wasi", name: "sock_accept", sig: "iii:i"},
-	{module: "wasi", name: "sock_recv", sig: "iiiiii:i"},
-	{module: "wasi", name: "sock_send", sig: "iiiii:i"},
-	{module: "wasi", name: "sock_shutdown", sig: "ii:i"},
-	{module: "wasi", name: "path_filestat_get", sig: "iiiii:i"},
-	{module: "wasi", name: "fd_filestat_get", sig: "ii:i"},
+// wasiSpecs is the WASI part of the import set.
+var wasiSpecs = []wasiSpec{
+	// The legacy set (#427).
+	{"fd_write", "(fd i32, iovs i32, iovs_len i32, nwritten_ptr i32) i32", true},
+	{"fd_read", "(fd i32, iovs_ptr i32, iovs_len i32, nread_ptr i32) i32", true},
+	{"fd_seek", "(fd i32, offset i64, whence i32, newoffset_ptr i32) i32", true},
+	{"fd_close", "(fd i32) i32", true},
+	{"fd_fdstat_get", "(fd i32, stat_out i32) i32", true},
+	{"fd_fdstat_set_flags", "(fd i32, flags i32) i32", true},
+	{"environ_get", "(environ_array_ptr i32, environ_buf i32) i32", true},
+	{"environ_sizes_get", "(count_ptr i32, buf_size_ptr i32) i32", true},
+	{"args_get", "(argv_array_ptr i32, argv_buf_ptr i32) i32", true},
+	{"args_sizes_get", "(argc_ptr i32, argv_buf_size_ptr i32) i32", true},
+	{"clock_time_get", "(clock_id i32, precision i64, result_time_uint64_ptr i32) i32", true},
+	{"random_get", "(result_buf_ptr i32, buf_len i32) i32", true},
+	{"sched_yield", "() i32", true},
+	{"poll_oneoff", "(in i32, out i32, nsubscriptions i32, nevents_ptr i32) i32", true},
+	{"proc_exit", "(exit_code i32)", true},
+	{"path_open", "(fd i32, dir_flags i32, path i32, path_len i32, oflags i32, fs_rights_base i64, fs_rights_inheriting i64, fd_flags i32, nwritten_ptr i32) i32", true},
+	{"fd_prestat_get", "(fd i32, buf_ptr i32) i32", true},
+	{"fd_prestat_dir_name", "(fd i32, path_ptr i32, path_len i32) i32", true},
+	// Added by #533.
+	{"fd_fdstat_set_rights", "(fd i32, fs_rights_base i64, fs_rights_inheriting i64) i32", false},
+	{"clock_res_get", "(clock_id i32, result_resolution_uint64_ptr i32) i32", false},
+	{"fd_advise", "(fd i32, offset i64, len i64, advice i32) i32", false},
+	{"fd_allocate", "(fd i32, offset i64, len i64) i32", false},
+	{"fd_datasync", "(fd i32) i32", false},
+	{"fd_filestat_set_size", "(fd i32, size i64) i32", false},
+	{"fd_filestat_set_times", "(fd i32, atim i64, mtim i64, fst_flags i32) i32", false},
+	{"fd_pread", "(fd i32, iovs_ptr i32, iovs_len i32, offset i64, nread_ptr i32) i32", false},
+	{"fd_pwrite", "(fd i32, iovs_ptr i32, iovs_len i32, offset i64, nwritten_ptr i32) i32", false},
+	{"fd_readdir", "(fd i32, buf_ptr i32, buf_len i32, cookie i64, nread_ptr i32) i32", false},
+	{"fd_renumber", "(fd i32, to i32) i32", false},
+	{"fd_sync", "(fd i32) i32", false},
+	{"fd_tell", "(fd i32, retptr0 i32) i32", false},
+	{"path_create_directory", "(fd i32, path_ptr i32, path_len i32) i32", false},
+	{"path_filestat_set_times", "(fd i32, flags i32, path_ptr i32, path_len i32, atim i64, mtim i64, fst_flags i32) i32", false},
+	// path_link and path_symlink take 6 and 4 parameters in cpp-host, not
+	// the WASI spec's 7 and 5.
+	{"path_link", "(old_fd i32, old_flags i32, old_path_ptr i32, old_path_len i32, new_fd i32, new_path_ptr i32) i32", false},
+	{"path_readlink", "(fd i32, path_ptr i32, path_len i32, buf_ptr i32, buf_len i32, retptr0 i32) i32", false},
+	{"path_remove_directory", "(fd i32, path_ptr i32, path_len i32) i32", false},
+	{"path_rename", "(fd i32, old_path_ptr i32, old_path_len i32, new_fd i32, new_path_ptr i32, new_path_len i32) i32", false},
+	{"path_symlink", "(old_path_ptr i32, old_path_len i32, fd i32, new_path_ptr i32) i32", false},
+	{"path_unlink_file", "(fd i32, path_ptr i32, path_len i32) i32", false},
+	{"sock_accept", "(fd i32, flags i32, retptr0 i32) i32", false},
+	{"sock_recv", "(fd i32, ri_data_ptr i32, ri_data_len i32, ri_flags i32, retptr0 i32, retptr1 i32) i32", false},
+	{"sock_send", "(fd i32, si_data_ptr i32, si_data_len i32, si_flags i32, retptr0 i32) i32", false},
+	{"sock_shutdown", "(fd i32, how i32) i32", false},
+	{"path_filestat_get", "(fd i32, flags i32, path i32, path_len i32, buf i32) i32", false},
+	{"fd_filestat_get", "(fd i32, buf_ptr i32) i32", false},
 }
 
 // wasiModules are the two names every WASI function is registered under.
@@ -216,33 +172,44 @@ func newAllowSet(names []string) allowSet {
 	return s
 }
 
+// parseSig reads a wasiSpec signature: "(name type, ...) result".
 func parseSig(sig string) FuncType {
-	params, results, ok := strings.Cut(sig, ":")
-	if !ok {
-		panic("bad signature " + sig)
-	}
-	conv := func(s string) []byte {
-		out := make([]byte, 0, len(s))
-		for _, c := range s {
-			switch c {
-			case 'i':
-				out = append(out, valI32)
-			case 'I':
-				out = append(out, valI64)
-			default:
-				panic("bad signature " + sig)
-			}
+	bad := func() { panic("bad signature " + sig) }
+	typ := func(t string) byte {
+		switch t {
+		case "i32":
+			return valI32
+		case "i64":
+			return valI64
 		}
-		return out
+		bad()
+		return 0
 	}
-	return FuncType{Params: conv(params), Results: conv(results)}
+	if !strings.HasPrefix(sig, "(") {
+		bad()
+	}
+	params, result, ok := strings.Cut(sig[1:], ")")
+	if !ok {
+		bad()
+	}
+	var ft FuncType
+	if params != "" {
+		for _, p := range strings.Split(params, ", ") {
+			name, t, ok := strings.Cut(p, " ")
+			if !ok || name == "" {
+				bad()
+			}
+			ft.Params = append(ft.Params, typ(t))
+		}
+	}
+	if r := strings.TrimSpace(result); r != "" {
+		ft.Results = append(ft.Results, typ(r))
+	}
+	return ft
 }
 
-func (s importSpec) offered(abi ABIVersion, profile WASIProfile) bool {
-	if s.module == "wasi" {
-		return profile == WASICurrent || s.legacy
-	}
-	for _, a := range s.abis {
+func offeredIn(abis []ABIVersion, abi ABIVersion) bool {
+	for _, a := range abis {
 		if a == abi {
 			return true
 		}
@@ -254,17 +221,21 @@ func (s importSpec) offered(abi ABIVersion, profile WASIProfile) bool {
 // the given ABI version, keyed "module.name".
 func AllowedImports(abi ABIVersion, profile WASIProfile) map[string]FuncType {
 	out := map[string]FuncType{}
-	for _, s := range importSpecs {
-		if !s.offered(abi, profile) {
-			continue
-		}
-		t := parseSig(s.sig)
-		if s.module == "wasi" {
-			for _, m := range wasiModules {
-				out[m+"."+s.name] = t
+	for _, c := range proxyABI {
+		if offeredIn(c.abis, abi) {
+			_, t, err := adaptProxyCall(c.fn)
+			if err != nil {
+				panic(err) // a mistake in the table; every test that loads a module finds it
 			}
-		} else {
-			out[s.module+"."+s.name] = t
+			out["env."+c.name] = t
+		}
+	}
+	for _, w := range wasiSpecs {
+		if profile == WASICurrent || w.legacy {
+			t := parseSig(w.sig)
+			for _, m := range wasiModules {
+				out[m+"."+w.name] = t
+			}
 		}
 	}
 	return out

@@ -1,6 +1,7 @@
 package envoyhost
 
 import (
+	"encoding/binary"
 	"net"
 	"strconv"
 	"strings"
@@ -354,4 +355,10 @@ func (s *stream) xdsProperty(key string) (propValue, bool) {
 		return pString(s.routeName)
 	}
 	return propValue{}, false
+}
+
+func le64(v uint64) []byte {
+	b := make([]byte, 8)
+	binary.LittleEndian.PutUint64(b, v)
+	return b
 }

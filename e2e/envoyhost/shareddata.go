@@ -131,3 +131,15 @@ func (q *sharedQueues) enqueue(token uint32, value []byte) (*VM, uint32, WasmRes
 	sq.items = append(sq.items, append([]byte(nil), value...))
 	return sq.vm, sq.rootContextID, ResultOK
 }
+
+// queueReady delivers on_queue_ready to the root context that registered
+// the queue.
+func (vm *VM) queueReady(rootID, token uint32) {
+	vm.mu.Lock()
+	defer vm.mu.Unlock()
+	root := vm.contexts[rootID]
+	if root == nil || !vm.has("proxy_on_queue_ready") {
+		return
+	}
+	vm.callback(root, "proxy_on_queue_ready", uint64(rootID), uint64(token))
+}

@@ -497,30 +497,6 @@ func (vm *VM) close() {
 	vm.closeLocked()
 }
 
-// wasmContext is a Proxy-Wasm context: the VM context (id 0), a root
-// context per plugin, or a stream context per HTTP request.
-type wasmContext struct {
-	vm       *VM
-	id       uint32
-	parentID uint32
-	root     *wasmContext
-	plugin   *Plugin
-	// tempPlugin makes the plugin configuration readable: set during the
-	// root's on_context_create in onStart and during on_configure (envoy
-	// context.cc getBuffer(PluginConfiguration)).
-	tempPlugin *Plugin
-	created    bool // in_vm_context_created_
-	stream     *stream
-
-	// Root context only.
-	statusCode    uint32
-	statusMessage string
-	callResponse  *httpCallResult // set during on_http_call_response
-	callData      []byte
-}
-
-func (c *wasmContext) isRoot() bool { return c.stream == nil && c.id != 0 }
-
 // startRoot creates the plugin's root context on this VM, or reuses it,
 // and runs on_context_create (plugin configuration readable) and
 // on_vm_start (cpp-host WasmBase::start and ContextBase::onStart).
