@@ -403,6 +403,19 @@ func proxyEnqueueSharedQueue(vm *VM, token, dataPtr, dataSize uint32) WasmResult
 
 // Header maps.
 
+// headerKeyValue checks the map type and reads a key and a value.
+func headerKeyValue(vm *VM, typ, keyPtr, keySize, valuePtr, valueSize uint32) (key, value string, r WasmResult) {
+	if typ > mapMax {
+		return "", "", ResultBadArgument
+	}
+	key, ok1 := vm.readString(keyPtr, keySize)
+	value, ok2 := vm.readString(valuePtr, valueSize)
+	if !ok1 || !ok2 {
+		return "", "", ResultInvalidMemoryAccess
+	}
+	return key, value, ResultOK
+}
+
 func proxyGetHeaderMapValue(vm *VM, typ, keyPtr, keySize, valuePtrPtr, valueSizePtr uint32) WasmResult {
 	if typ > mapMax {
 		return ResultBadArgument
@@ -422,25 +435,17 @@ func proxyGetHeaderMapValue(vm *VM, typ, keyPtr, keySize, valuePtrPtr, valueSize
 }
 
 func proxyAddHeaderMapValue(vm *VM, typ, keyPtr, keySize, valuePtr, valueSize uint32) WasmResult {
-	if typ > mapMax {
-		return ResultBadArgument
-	}
-	key, ok1 := vm.readString(keyPtr, keySize)
-	value, ok2 := vm.readString(valuePtr, valueSize)
-	if !ok1 || !ok2 {
-		return ResultInvalidMemoryAccess
+	key, value, r := headerKeyValue(vm, typ, keyPtr, keySize, valuePtr, valueSize)
+	if r != ResultOK {
+		return r
 	}
 	return vm.context().addHeaderMapValue(typ, key, value)
 }
 
 func proxyReplaceHeaderMapValue(vm *VM, typ, keyPtr, keySize, valuePtr, valueSize uint32) WasmResult {
-	if typ > mapMax {
-		return ResultBadArgument
-	}
-	key, ok1 := vm.readString(keyPtr, keySize)
-	value, ok2 := vm.readString(valuePtr, valueSize)
-	if !ok1 || !ok2 {
-		return ResultInvalidMemoryAccess
+	key, value, r := headerKeyValue(vm, typ, keyPtr, keySize, valuePtr, valueSize)
+	if r != ResultOK {
+		return r
 	}
 	return vm.context().replaceHeaderMapValue(typ, key, value)
 }
@@ -498,13 +503,23 @@ func proxyGetHeaderMapSize(vm *VM, typ, resultPtr uint32) WasmResult {
 
 // Buffers.
 
-func proxyGetBufferBytes(vm *VM, typ, start, length, ptrPtr, sizePtr uint32) WasmResult {
+// bufferOf checks the buffer type and finds the buffer (NotFound where
+// Envoy's getBuffer has none).
+func bufferOf(vm *VM, typ uint32) (bodyBuffer, WasmResult) {
 	if typ > bufferMax {
-		return ResultBadArgument
+		return bodyBuffer{}, ResultBadArgument
 	}
 	buf, found := vm.context().buffer(typ)
 	if !found {
-		return ResultNotFound
+		return bodyBuffer{}, ResultNotFound
+	}
+	return buf, ResultOK
+}
+
+func proxyGetBufferBytes(vm *VM, typ, start, length, ptrPtr, sizePtr uint32) WasmResult {
+	buf, r := bufferOf(vm, typ)
+	if r != ResultOK {
+		return r
 	}
 	data := buf.bytes()
 	// Word arithmetic is 64-bit in cpp-host, so start+length cannot
@@ -530,12 +545,9 @@ func proxyGetBufferBytes(vm *VM, typ, start, length, ptrPtr, sizePtr uint32) Was
 }
 
 func proxyGetBufferStatus(vm *VM, typ, lengthPtr, flagsPtr uint32) WasmResult {
-	if typ > bufferMax {
-		return ResultBadArgument
-	}
-	buf, found := vm.context().buffer(typ)
-	if !found {
-		return ResultNotFound
+	buf, r := bufferOf(vm, typ)
+	if r != ResultOK {
+		return r
 	}
 	if !vm.mem.WriteUint32Le(lengthPtr, uint32(len(buf.bytes()))) || !vm.mem.WriteUint32Le(flagsPtr, 0) {
 		return ResultInvalidMemoryAccess
@@ -544,12 +556,9 @@ func proxyGetBufferStatus(vm *VM, typ, lengthPtr, flagsPtr uint32) WasmResult {
 }
 
 func proxySetBufferBytes(vm *VM, typ, start, length, dataPtr, dataSize uint32) WasmResult {
-	if typ > bufferMax {
-		return ResultBadArgument
-	}
-	buf, found := vm.context().buffer(typ)
-	if !found {
-		return ResultNotFound
+	buf, r := bufferOf(vm, typ)
+	if r != ResultOK {
+		return r
 	}
 	data, ok := vm.read(dataPtr, dataSize)
 	if !ok {
