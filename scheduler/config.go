@@ -5,11 +5,11 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"math"
-	"reflect"
 	"slices"
 	"strings"
+
+	"github.com/wasm-epp/wasm-epp/internal/strictjson"
 )
 
 // Config selects and assembles scheduling profiles. Its JSON form is
@@ -164,18 +164,9 @@ func BuiltinProfiles() map[string]ProfileSpec {
 // ConfigError is a configuration mistake at a JSON path relative to the
 // decoded document ("plugins[2].parameters.threshold"); an empty Path means
 // the document itself. Callers that embed the document prefix the path
-// with PrefixError.
-type ConfigError struct {
-	Path string
-	Msg  string
-}
-
-func (e *ConfigError) Error() string {
-	if e.Path == "" {
-		return e.Msg
-	}
-	return e.Path + ": " + e.Msg
-}
+// with PrefixError. It is the strict decoder's error type, so decoding and
+// validation mistakes read alike.
+type ConfigError = strictjson.Error
 
 func fieldErr(path, msg string) error { return &ConfigError{Path: path, Msg: msg} }
 
@@ -191,19 +182,14 @@ func prefixErr(prefix string, err error) error {
 	if !errors.As(err, &ce) {
 		return &ConfigError{Path: prefix, Msg: err.Error()}
 	}
-	switch {
-	case ce.Path == "":
-		return &ConfigError{Path: prefix, Msg: ce.Msg}
-	case strings.HasPrefix(ce.Path, "["):
-		return &ConfigError{Path: prefix + ce.Path, Msg: ce.Msg}
-	}
-	return &ConfigError{Path: prefix + "." + ce.Path, Msg: ce.Msg}
+	return &ConfigError{Path: strictjson.JoinPath(prefix, ce.Path), Msg: ce.Msg}
 }
 
 // DecodeParameters strictly decodes a plugin's raw parameters into v (a
 // pointer to a struct pre-filled with defaults). Absent or null parameters
-// leave v unchanged. Unknown fields, wrong types and trailing data are
-// *ConfigError values with paths relative to the parameters object.
+// leave v unchanged. Unknown, duplicated and case-mismatched fields, wrong
+// types and trailing data are *ConfigError values with paths relative to
+// the parameters object.
 func DecodeParameters(params json.RawMessage, v any) error {
 	if isAbsent(params) {
 		return nil
@@ -216,116 +202,24 @@ func isAbsent(data []byte) bool {
 	return len(d) == 0 || string(d) == "null"
 }
 
-// decodeStrict decodes exactly one JSON value into v, refusing unknown and
-// wrongly-cased field names, and turns encoding/json's errors into
-// path-carrying ConfigErrors.
-func decodeStrict(data []byte, v any) error {
-	var generic any
-	if err := json.Unmarshal(data, &generic); err != nil {
-		return jsonErr(err)
-	}
-	if err := checkFieldNames(generic, reflect.TypeOf(v), ""); err != nil {
-		return err
-	}
-	dec := json.NewDecoder(bytes.NewReader(data))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(v); err != nil {
-		return jsonErr(err) // json.Unmarshal above already refused trailing data
-	}
-	return nil
-}
-
-func jsonErr(err error) error {
-	var typeErr *json.UnmarshalTypeError
-	var syntaxErr *json.SyntaxError
-	switch {
-	case errors.As(err, &typeErr):
-		return fieldErr(typeErr.Field, fmt.Sprintf("expected %s, got JSON %s", jsonTypeName(typeErr.Type.Kind().String()), typeErr.Value))
-	case errors.As(err, &syntaxErr):
-		return fieldErr("", fmt.Sprintf("invalid JSON at byte %d: %s", syntaxErr.Offset, syntaxErr.Error()))
-	case errors.Is(err, io.EOF), errors.Is(err, io.ErrUnexpectedEOF):
-		return fieldErr("", "truncated JSON")
-	}
-	// encoding/json reports unknown fields only as text.
-	return fieldErr("", strings.TrimPrefix(err.Error(), "json: "))
-}
-
-func jsonTypeName(kind string) string {
-	switch kind {
-	case "int", "int64", "int32", "uint", "uint64":
-		return "an integer"
-	case "float64", "float32":
-		return "a number"
-	case "string":
-		return "a string"
-	case "slice", "array":
-		return "an array"
-	case "struct", "map":
-		return "an object"
-	case "bool":
-		return "a boolean"
-	}
-	return kind
-}
+// decodeStrict decodes exactly one JSON value into v with the repository's
+// strict decoder (internal/strictjson: unknown, case-mismatched and
+// duplicated keys are errors); its errors are ConfigErrors.
+func decodeStrict(data []byte, v any) error { return strictjson.Decode(data, v) }
 
 // DecodeConfig strictly decodes a Config. Empty input or null is the zero
 // Config (the defaults). It checks everything that needs no registry:
-// unknown fields, types, required fields, duplicate plugin names, weights,
-// reserved and unknown profile names. New checks plugin types, parameters
-// and references. Errors are *ConfigError with paths relative to data.
+// unknown, duplicated and case-mismatched fields, types, required fields,
+// duplicate plugin names, weights, reserved and unknown profile names. New
+// checks plugin types, parameters and references. Errors are *ConfigError
+// with paths relative to data.
 func DecodeConfig(data []byte) (Config, error) {
 	var cfg Config
 	if isAbsent(data) {
 		return cfg, nil
 	}
-	var top struct {
-		Profile       string                     `json:"profile"`
-		ByCriticality json.RawMessage            `json:"byCriticality"`
-		Plugins       []json.RawMessage          `json:"plugins"`
-		Profiles      map[string]json.RawMessage `json:"profiles"`
-		CountRouted   *bool                      `json:"countRoutedSinceSnapshot"`
-	}
-	if err := decodeStrict(data, &top); err != nil {
+	if err := decodeStrict(data, &cfg); err != nil {
 		return Config{}, err
-	}
-	if err := checkDuplicateKeys(data); err != nil {
-		return Config{}, err
-	}
-	cfg.Profile, cfg.CountRoutedSinceSnapshot = top.Profile, top.CountRouted
-	if !isAbsent(top.ByCriticality) {
-		if err := decodeStrict(top.ByCriticality, &cfg.ByCriticality); err != nil {
-			return Config{}, prefixErr("byCriticality", err)
-		}
-	}
-	for i, raw := range top.Plugins {
-		var spec PluginSpec
-		if err := decodeStrict(raw, &spec); err != nil {
-			return Config{}, prefixErr(fmt.Sprintf("plugins[%d]", i), err)
-		}
-		cfg.Plugins = append(cfg.Plugins, spec)
-	}
-	if top.Profiles != nil {
-		cfg.Profiles = make(map[string]ProfileSpec, len(top.Profiles))
-	}
-	for _, name := range sortedKeys(top.Profiles) {
-		var raw struct {
-			Filters []string          `json:"filters"`
-			Scorers []json.RawMessage `json:"scorers"`
-			Picker  string            `json:"picker"`
-		}
-		path := "profiles." + name
-		if err := decodeStrict(top.Profiles[name], &raw); err != nil {
-			return Config{}, prefixErr(path, err)
-		}
-		spec := ProfileSpec{Filters: raw.Filters, Picker: raw.Picker}
-		for j, rs := range raw.Scorers {
-			var ref ScorerRef
-			if err := decodeStrict(rs, &ref); err != nil {
-				return Config{}, prefixErr(fmt.Sprintf("%s.scorers[%d]", path, j), err)
-			}
-			spec.Scorers = append(spec.Scorers, ref)
-		}
-		cfg.Profiles[name] = spec
 	}
 	if err := cfg.Validate(); err != nil {
 		return Config{}, err

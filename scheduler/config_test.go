@@ -82,14 +82,14 @@ func TestConfigInvalid(t *testing.T) {
 	}{
 		{"syntax", `{"profile": }`, "invalid JSON at byte 13: invalid character '}' looking for beginning of value"},
 		{"truncated", `{"profile": "x"`, "invalid JSON at byte 15: unexpected end of JSON input"},
-		{"trailing data", `{} {}`, "invalid JSON at byte 4: invalid character '{' after top-level value"},
-		{"field names are case-sensitive", `{"Profile": "scoring"}`, `unknown field "Profile"`},
+		{"trailing data", `{} {}`, "invalid JSON at byte 4: data after the JSON value"},
+		{"field names are case-sensitive", `{"Profile": "scoring"}`, `unknown field "Profile" (names are case-sensitive: did you mean "profile"?)`},
 		{"parameter names are case-sensitive", `{"plugins": [{"type": "low-queue-filter", "parameters": {"Threshold": 3}}]}`,
-			`plugins[0].parameters: unknown field "Threshold"`},
+			`plugins[0].parameters: unknown field "Threshold" (names are case-sensitive: did you mean "threshold"?)`},
 		{"nested unknown field has a path", `{"plugins": [{"type": "decision-tree-filter", "parameters": {
 			"steps": [{"name": "a", "filter": "least-queue-filter", "onSuccess": "done", "onFailure": "done"}],
 			"entries": {"critical": "a", "standard": "a", "Sheddable": "a"}}}]}`,
-			`plugins[0].parameters.entries: unknown field "Sheddable"`},
+			`plugins[0].parameters.entries: unknown field "Sheddable" (names are case-sensitive: did you mean "sheddable"?)`},
 		{"unknown field in a tree step", `{"plugins": [{"type": "decision-tree-filter", "parameters": {
 			"steps": [{"name": "a", "filter": "least-queue-filter", "onSuccess": "done", "onFail": "done"}]}}]}`,
 			`plugins[0].parameters.steps[0]: unknown field "onFail"`},

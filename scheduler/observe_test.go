@@ -194,9 +194,9 @@ func TestCountRoutedDefault(t *testing.T) {
 	}
 	for json, msg := range map[string]string{
 		`{"countRoutedSinceSnapshot": "yes"}`:                                   "countRoutedSinceSnapshot: expected a boolean, got JSON string",
-		`{"countRoutedSinceSnapshot": 1}`:                                       "countRoutedSinceSnapshot: expected a boolean, got JSON number",
+		`{"countRoutedSinceSnapshot": 1}`:                                       "countRoutedSinceSnapshot: expected a boolean, got JSON number 1",
 		`{"countRoutedSinceSnapshot": true, "countRoutedSinceSnapshot": false}`: `duplicate key "countRoutedSinceSnapshot"`,
-		`{"CountRoutedSinceSnapshot": true}`:                                    `unknown field "CountRoutedSinceSnapshot"`,
+		`{"CountRoutedSinceSnapshot": true}`:                                    `unknown field "CountRoutedSinceSnapshot" (names are case-sensitive: did you mean "countRoutedSinceSnapshot"?)`,
 	} {
 		_, err := DecodeConfig([]byte(json))
 		var ce *ConfigError
