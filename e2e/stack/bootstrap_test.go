@@ -116,7 +116,7 @@ func TestRenderBootstrapRejects(t *testing.T) {
 		opts BootstrapOptions
 		want string
 	}{
-		{"invalid plugin patch", BootstrapOptions{RouterPatch: map[string]any{"staleAfter": "soon"}}, `staleAfter: want a duration such as "2s", got "soon"`},
+		{"invalid plugin patch", BootstrapOptions{RouterPatch: map[string]any{"staleAfter": "soon"}}, `staleAfter: expected a duration such as "2s", got "soon"`},
 		{"unknown plugin field", BootstrapOptions{RouterPatch: map[string]any{"nonsense": true}}, "nonsense"},
 		{"bad address", BootstrapOptions{ClientAddr: "localhost"}, "missing port"},
 		{"extra router without address", BootstrapOptions{ExtraRouters: []RouterListener{{Name: "x"}}}, "needs a name and an address"},

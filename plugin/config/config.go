@@ -3,8 +3,9 @@
 // so the plugin (at start), the Envoy/Kubernetes config tests and the tools all
 // judge a configuration by the same rules.
 //
-// Decoding is strict: unknown fields are errors, every error names the JSON
-// path of the offending value, and omitted fields take documented defaults.
+// Decoding is strict: unknown, duplicated and case-mismatched fields are
+// errors, every error names the JSON path of the offending value, and
+// omitted fields take documented defaults.
 package config
 
 import (
@@ -12,14 +13,12 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"math/rand/v2"
-	"reflect"
-	"strconv"
 	"strings"
 	"time"
 	"unicode/utf8"
 
+	"github.com/wasm-epp/wasm-epp/internal/strictjson"
 	"github.com/wasm-epp/wasm-epp/scheduler"
 	"github.com/wasm-epp/wasm-epp/scheduler/wire"
 )
@@ -149,23 +148,23 @@ type Receiver struct {
 // Duration is a time.Duration written as a Go duration string ("2s").
 type Duration time.Duration
 
-// UnmarshalJSON accepts a duration string such as "500ms" or "2s".
+// UnmarshalJSON accepts a duration string such as "500ms" or "2s"; null
+// leaves the value unchanged.
 func (d *Duration) UnmarshalJSON(b []byte) error {
-	// Errors are *json.UnmarshalTypeError so that encoding/json adds the
-	// field path, which Decode puts in its message.
+	if string(b) == "null" {
+		return nil
+	}
 	var s string
 	if err := json.Unmarshal(b, &s); err != nil {
-		return &json.UnmarshalTypeError{Value: string(b), Type: durationType}
+		return fmt.Errorf("expected a duration such as \"2s\", got %s", b)
 	}
 	v, err := time.ParseDuration(s)
 	if err != nil {
-		return &json.UnmarshalTypeError{Value: strconv.Quote(s), Type: durationType}
+		return fmt.Errorf("expected a duration such as \"2s\", got %q", s)
 	}
 	*d = Duration(v)
 	return nil
 }
-
-var durationType = reflect.TypeOf(Duration(0))
 
 // MarshalJSON writes the duration as a string.
 func (d Duration) MarshalJSON() ([]byte, error) { return json.Marshal(time.Duration(d).String()) }
@@ -185,17 +184,18 @@ func (e *Error) Error() string {
 
 // Decode parses and validates a configuration, filling in defaults. An empty
 // document is a valid router configuration with every default (and no
-// models, so only pass-through traffic is routed if enabled).
+// models, so only pass-through traffic is routed if enabled). Decoding is
+// strict (internal/strictjson): unknown, duplicated and case-mismatched
+// fields are errors, as in the scheduler section.
 func Decode(data []byte) (*Config, error) {
 	cfg := &Config{}
 	if len(bytes.TrimSpace(data)) > 0 {
-		dec := json.NewDecoder(bytes.NewReader(data))
-		dec.DisallowUnknownFields()
-		if err := dec.Decode(cfg); err != nil {
-			return nil, decodeError(err)
-		}
-		if _, err := dec.Token(); !errors.Is(err, io.EOF) {
-			return nil, &Error{Msg: "trailing data after the JSON object"}
+		if err := strictjson.Decode(data, cfg); err != nil {
+			var se *strictjson.Error
+			if errors.As(err, &se) {
+				return nil, &Error{Path: se.Path, Msg: se.Msg}
+			}
+			return nil, &Error{Msg: err.Error()}
 		}
 	}
 	cfg.applyDefaults()
@@ -227,21 +227,6 @@ func (c *Config) decodeScheduler() error {
 	}
 	c.SchedulerConfig = sc
 	return nil
-}
-
-func decodeError(err error) error {
-	var typeErr *json.UnmarshalTypeError
-	if errors.As(err, &typeErr) {
-		if typeErr.Type == durationType {
-			return &Error{Path: typeErr.Field, Msg: fmt.Sprintf("want a duration such as \"2s\", got %s", typeErr.Value)}
-		}
-		return &Error{Path: typeErr.Field, Msg: fmt.Sprintf("want %s, got JSON %s", typeErr.Type, typeErr.Value)}
-	}
-	msg := err.Error()
-	if field, ok := strings.CutPrefix(msg, "json: unknown field "); ok {
-		return &Error{Msg: "unknown field " + field}
-	}
-	return &Error{Msg: "invalid JSON: " + strings.TrimPrefix(msg, "json: ")}
 }
 
 func (c *Config) applyDefaults() {

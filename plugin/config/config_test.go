@@ -113,14 +113,14 @@ func TestDecodeErrors(t *testing.T) {
 		name, doc, want string
 	}{
 		{"not json", `hello`, "plugin configuration: invalid JSON"},
-		{"trailing", `{} {}`, "trailing data"},
+		{"trailing", `{} {}`, "plugin configuration: invalid JSON at byte 4: data after the JSON value"},
 		{"unknown field", `{"modles": []}`, `unknown field "modles"`},
-		{"wrong type", `{"maxBodyBytes": "big"}`, "maxBodyBytes: want int"},
+		{"wrong type", `{"maxBodyBytes": "big"}`, "plugin configuration: maxBodyBytes: expected an integer, got JSON string"},
 		{"role", `{"role": "both"}`, `role: unknown role "both"`},
 		{"unknown models", `{"unknownModels": "allow"}`, "unknownModels: unknown policy"},
 		{"no fresh", `{"whenNoFreshEndpoint": "panic"}`, "whenNoFreshEndpoint: unknown policy"},
-		{"stale", `{"staleAfter": "soon"}`, `staleAfter: want a duration such as "2s", got "soon"`},
-		{"stale number", `{"staleAfter": 2}`, `staleAfter: want a duration such as "2s", got 2`},
+		{"stale", `{"staleAfter": "soon"}`, `plugin configuration: staleAfter: expected a duration such as "2s", got "soon"`},
+		{"stale number", `{"staleAfter": 2}`, `plugin configuration: staleAfter: expected a duration such as "2s", got 2`},
 		{"negative stale", `{"staleAfter": "-1s"}`, "staleAfter: must be positive"},
 		{"body limit", `{"maxBodyBytes": -1}`, "maxBodyBytes: must be in"},
 		{"port", `{"targetPort": 70000}`, "targetPort: must be in"},
@@ -142,7 +142,7 @@ func TestDecodeErrors(t *testing.T) {
 		{"scheduler plugin type", `{"scheduler": {"plugins": [{"type": "no-such-plugin"}]}}`, "scheduler.plugins[0]"},
 		{"count routed type", `{"scheduler": {"countRoutedSinceSnapshot": "yes"}}`, "scheduler.countRoutedSinceSnapshot: expected a boolean"},
 		{"count routed at top level", `{"countRoutedSinceSnapshot": true}`, `unknown field "countRoutedSinceSnapshot"`},
-		{"seed", `{"seed": -1}`, "seed: want uint64"},
+		{"seed", `{"seed": -1}`, "plugin configuration: seed: expected a non-negative integer, got JSON number -1"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -152,5 +152,27 @@ func TestDecodeErrors(t *testing.T) {
 			require.True(t, errors.As(err, &cfgErr), "error type %T", err)
 			assert.Contains(t, err.Error(), tc.want)
 		})
+	}
+}
+
+// The configuration is read as strictly as the scheduler section: names
+// match exactly, no key is given twice, and the message names the path.
+func TestDecodeStrictNames(t *testing.T) {
+	for _, tc := range []struct{ doc, want string }{
+		{`{"MAXBODYBYTES": 5}`, `plugin configuration: unknown field "MAXBODYBYTES" (names are case-sensitive: did you mean "maxBodyBytes"?)`},
+		{`{"role": "router", "role": "receiver"}`, `plugin configuration: duplicate key "role"`},
+		{`{"receiver": {"Path": "/p"}}`, `plugin configuration: receiver: unknown field "Path" (names are case-sensitive: did you mean "path"?)`},
+		{`{"models": [{"name": "a"}, {"name": "b", "targets": [{"name": "c", "weight": 1, "weight": 2}]}]}`,
+			`plugin configuration: models[1].targets[0]: duplicate key "weight"`},
+		{`{"models": [{"name": "a", "critcality": "Critical"}]}`, `plugin configuration: models[0]: unknown field "critcality"`},
+		{`{"scheduler": {"profile": "scoring", "profile": "random"}}`, `plugin configuration: scheduler: duplicate key "profile"`},
+		{`{"scheduler": {"plugins": [{"type": "low-queue-filter", "parameters": {"Threshold": 1}}]}}`,
+			`plugin configuration: scheduler.plugins[0].parameters: unknown field "Threshold" (names are case-sensitive: did you mean "threshold"?)`},
+		{`{"SchedulerConfig": {}}`, `plugin configuration: unknown field "SchedulerConfig"`},
+	} {
+		_, err := Decode([]byte(tc.doc))
+		var cfgErr *Error
+		require.ErrorAs(t, err, &cfgErr, tc.doc)
+		assert.Equal(t, tc.want, err.Error(), tc.doc)
 	}
 }

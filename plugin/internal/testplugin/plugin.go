@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"crypto/rand"
 	"encoding/hex"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
@@ -13,6 +12,7 @@ import (
 
 	"github.com/tetratelabs/proxy-wasm-go-sdk/proxywasm/types"
 
+	"github.com/wasm-epp/wasm-epp/internal/strictjson"
 	"github.com/wasm-epp/wasm-epp/plugin/internal/proxywasm"
 )
 
@@ -90,15 +90,8 @@ func decodeConfig(raw []byte) (pluginConfig, error) {
 	if len(bytes.TrimSpace(raw)) == 0 {
 		return cfg, nil
 	}
-	dec := json.NewDecoder(bytes.NewReader(raw))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(&cfg); err != nil {
-		return cfg, err
-	}
-	if dec.More() {
-		return cfg, errors.New("trailing data after the JSON object")
-	}
-	return cfg, nil
+	err := strictjson.Decode(raw, &cfg)
+	return cfg, err
 }
 
 type metrics struct {
