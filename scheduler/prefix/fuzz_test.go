@@ -1,0 +1,75 @@
+package prefix
+
+import (
+	"encoding/json"
+	"slices"
+	"testing"
+)
+
+// FuzzHash feeds any bytes to both renderers: the filter only hands them
+// validated JSON, but nothing may panic or loop on other bytes, MaxBlocks
+// holds, and on valid JSON the hashes do not depend on insignificant
+// whitespace.
+func FuzzHash(f *testing.F) {
+	for _, s := range []string{
+		`[{"role":"user","content":"hi"}]`,
+		`[{"role":"user","content":[{"type":"text","text":"a\u00e9\ud83d\ude00"},{"type":"image_url","image_url":{"url":"data:x"}}]}]`,
+		`[{"role":"assistant","content":null,"tool_calls":[{"id":"c","function":{"name":"f","arguments":"{}"}}]},{"role":"tool","tool_call_id":"c","content":"42"}]`,
+		`"plain prompt"`, `[1,2,3]`, `[[1,2],[3]]`, `["a","b"]`, `[`, `"\u12`, `[{"role":"u","content":[{"type":"x","v":[[[[]]]]}]}]`,
+	} {
+		f.Add([]byte(s))
+	}
+	h, err := NewHasher(HashConfig{BlockBytes: 8, MaxBlocks: 64})
+	if err != nil {
+		f.Fatal(err)
+	}
+	f.Fuzz(func(t *testing.T, data []byte) {
+		errChat := h.HashMessages("m", nil, nil, data)
+		chat := slices.Clone(h.Blocks())
+		errPrompt := h.HashPrompt("m", nil, data)
+		prompt := slices.Clone(h.Blocks())
+		if len(chat) > 64 || len(prompt) > 64 {
+			t.Fatalf("%d and %d blocks, over MaxBlocks 64", len(chat), len(prompt))
+		}
+		if !json.Valid(data) {
+			return
+		}
+		spaced := spaceOut(data)
+		if !json.Valid(spaced) {
+			t.Fatalf("spaceOut broke the JSON: %q", spaced)
+		}
+		errChat2 := h.HashMessages("m", nil, nil, spaced)
+		if (errChat == nil) != (errChat2 == nil) || (errChat == nil && !slices.Equal(chat, h.Blocks())) {
+			t.Fatalf("messages: whitespace changed the result: %v/%v\n%q\n%q", errChat, errChat2, data, spaced)
+		}
+		errPrompt2 := h.HashPrompt("m", nil, spaced)
+		if (errPrompt == nil) != (errPrompt2 == nil) || (errPrompt == nil && !slices.Equal(prompt, h.Blocks())) {
+			t.Fatalf("prompt: whitespace changed the result: %v/%v\n%q\n%q", errPrompt, errPrompt2, data, spaced)
+		}
+	})
+}
+
+// spaceOut inserts a space after every structural character outside
+// strings of valid JSON.
+func spaceOut(data []byte) []byte {
+	out := make([]byte, 0, 2*len(data)+1)
+	out = append(out, ' ')
+	inString, escaped := false, false
+	for _, c := range data {
+		out = append(out, c)
+		switch {
+		case inString && escaped:
+			escaped = false
+		case inString && c == '\\':
+			escaped = true
+		case inString && c == '"':
+			inString = false
+		case inString:
+		case c == '"':
+			inString = true
+		case c == ',' || c == ':' || c == '[' || c == '{':
+			out = append(out, ' ', '\n')
+		}
+	}
+	return out
+}

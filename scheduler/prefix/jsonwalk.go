@@ -1,0 +1,346 @@
+package prefix
+
+import (
+	"encoding/binary"
+	"unicode/utf8"
+)
+
+// This file walks JSON values the request parser has already validated
+// (strictly: the filter's scanner runs before anything reads fields). It
+// never recurses, so nesting depth costs nothing, and on bytes that are not
+// valid JSON it returns errTruncated or ErrMessageShape/ErrPromptShape
+// rather than panic (fuzzed: FuzzHashRequest).
+
+func skipSpace(doc []byte, i int) int {
+	for i < len(doc) {
+		switch doc[i] {
+		case ' ', '\t', '\n', '\r':
+			i++
+		default:
+			return i
+		}
+	}
+	return i
+}
+
+// quoteOrBackslash is non-zero when one of the eight bytes of x
+// (little-endian) is '"' or '\\' (the "has zero byte" trick; it may flag
+// bytes after a real one, which only sends that word to the byte loop).
+func quoteOrBackslash(x uint64) uint64 {
+	const ones, highs = 0x0101010101010101, 0x8080808080808080
+	q := x ^ (ones * '"')
+	b := x ^ (ones * '\\')
+	return ((q-ones)&^q | (b-ones)&^b) & highs
+}
+
+// plainRun returns the end of the run of bytes from i that are neither a
+// quote nor a backslash.
+func plainRun(doc []byte, i int) int {
+	for i+32 <= len(doc) {
+		w := doc[i : i+32 : i+32]
+		if quoteOrBackslash(binary.LittleEndian.Uint64(w))|quoteOrBackslash(binary.LittleEndian.Uint64(w[8:]))|
+			quoteOrBackslash(binary.LittleEndian.Uint64(w[16:]))|quoteOrBackslash(binary.LittleEndian.Uint64(w[24:])) != 0 {
+			break
+		}
+		i += 32
+	}
+	for i+8 <= len(doc) && quoteOrBackslash(binary.LittleEndian.Uint64(doc[i:])) == 0 {
+		i += 8
+	}
+	for i < len(doc) && doc[i] != '"' && doc[i] != '\\' {
+		i++
+	}
+	return i
+}
+
+// skipString returns the offset past the string token at doc[i] == '"'.
+func skipString(doc []byte, i int) (int, error) {
+	i++
+	for {
+		i = plainRun(doc, i)
+		if i >= len(doc) {
+			return 0, errTruncated
+		}
+		if doc[i] == '"' {
+			return i + 1, nil
+		}
+		i += 2 // an escape: the next byte cannot end the string
+	}
+}
+
+// skipValue returns the offset past the value starting at doc[i].
+func skipValue(doc []byte, i int) (int, error) {
+	if i >= len(doc) {
+		return 0, errTruncated
+	}
+	switch doc[i] {
+	case '"':
+		return skipString(doc, i)
+	case '{', '[':
+	default: // a number or a literal
+		j := i
+		for j < len(doc) {
+			if c := doc[j]; c == ',' || c == ']' || c == '}' || c == ':' || c == ' ' || c == '\t' || c == '\n' || c == '\r' {
+				break
+			}
+			j++
+		}
+		if j == i {
+			return 0, errTruncated
+		}
+		return j, nil
+	}
+	depth := 0
+	for i < len(doc) {
+		switch doc[i] {
+		case '"':
+			end, err := skipString(doc, i)
+			if err != nil {
+				return 0, err
+			}
+			i = end
+		case '{', '[':
+			depth++
+			i++
+		case '}', ']':
+			depth--
+			i++
+			if depth == 0 {
+				return i, nil
+			}
+		default:
+			i++
+		}
+	}
+	return 0, errTruncated
+}
+
+// members iterates over the members of the object at doc[i] == '{'
+// (newMembers). Each key is decoded when short and escaped; a longer key
+// is passed raw (no field of interest is that long). After the loop, err
+// is the first problem, or end is the offset past the object.
+type members struct {
+	doc  []byte
+	i    int
+	end  int
+	err  error
+	kbuf [64]byte
+}
+
+func newMembers(doc []byte, i int) members { return members{doc: doc, i: i + 1} }
+
+func (m *members) next() (key []byte, v span, ok bool) {
+	doc := m.doc
+	for {
+		m.i = skipSpace(doc, m.i)
+		if m.i >= len(doc) {
+			m.err = errTruncated
+			return nil, span{}, false
+		}
+		switch doc[m.i] {
+		case '}':
+			m.end = m.i + 1
+			return nil, span{}, false
+		case ',':
+			m.i++
+			continue
+		case '"':
+		default:
+			m.err = ErrMessageShape
+			return nil, span{}, false
+		}
+		kend, err := skipString(doc, m.i)
+		if err != nil {
+			m.err = err
+			return nil, span{}, false
+		}
+		key = doc[m.i+1 : kend-1]
+		if dec, ok := decodeSmall(doc[m.i:kend], m.kbuf[:0]); ok {
+			key = dec
+		}
+		i := skipSpace(doc, kend)
+		if i >= len(doc) || doc[i] != ':' {
+			m.err = errTruncated
+			return nil, span{}, false
+		}
+		i = skipSpace(doc, i+1)
+		vend, err := skipValue(doc, i)
+		if err != nil {
+			m.err = err
+			return nil, span{}, false
+		}
+		m.i = vend
+		return key, span{i, vend}, true
+	}
+}
+
+// decodeSmall decodes the JSON string token tok into dst (capacity 64)
+// when it has escapes and decodes to at most 64 bytes; ok is false
+// otherwise.
+func decodeSmall(tok []byte, dst []byte) ([]byte, bool) {
+	body := tok[1 : len(tok)-1]
+	if len(body) > 6*64 || plainRun(body, 0) == len(body) {
+		return nil, false
+	}
+	var esc [utf8.UTFMax]byte
+	for i := 0; i < len(body); {
+		j := plainRun(body, i)
+		dst = append(dst, body[i:j]...)
+		if j >= len(body) {
+			break
+		}
+		n, used := unescape(body, j, &esc)
+		if used == 0 {
+			return nil, false
+		}
+		dst = append(dst, esc[:n]...)
+		i = j + used
+		if len(dst) > 64 {
+			return nil, false
+		}
+	}
+	return dst, len(dst) <= 64
+}
+
+// writeString writes the decoded text of the string token at doc[i] ==
+// '"' and returns the offset past it.
+func (h *Hasher) writeString(doc []byte, i int) (int, error) {
+	if h.full {
+		end, err := skipString(doc, i)
+		if err == nil {
+			h.bytes += end - i - 2 // an estimate: escapes counted raw
+		}
+		return end, err
+	}
+	i++
+	var esc [utf8.UTFMax]byte
+	for {
+		j := plainRun(doc, i)
+		if j > i {
+			h.Write(doc[i:j])
+		}
+		if j >= len(doc) {
+			return 0, errTruncated
+		}
+		if doc[j] == '"' {
+			return j + 1, nil
+		}
+		n, used := unescape(doc, j, &esc)
+		if used == 0 {
+			return 0, errTruncated
+		}
+		h.Write(esc[:n])
+		i = j + used
+	}
+}
+
+// unescape decodes the escape at doc[j] == '\\' into out and returns the
+// bytes written and the bytes consumed (0 when malformed).
+func unescape(doc []byte, j int, out *[utf8.UTFMax]byte) (n, used int) {
+	if j+1 >= len(doc) {
+		return 0, 0
+	}
+	switch c := doc[j+1]; c {
+	case '"', '\\', '/':
+		out[0] = c
+	case 'b':
+		out[0] = '\b'
+	case 'f':
+		out[0] = '\f'
+	case 'n':
+		out[0] = '\n'
+	case 'r':
+		out[0] = '\r'
+	case 't':
+		out[0] = '\t'
+	case 'u':
+		r, used := decodeUnicodeEscape(doc, j)
+		if used == 0 {
+			return 0, 0
+		}
+		return utf8.EncodeRune(out[:], r), used
+	default:
+		return 0, 0
+	}
+	return 1, 2
+}
+
+// decodeUnicodeEscape decodes \uXXXX (and a following low surrogate) at
+// doc[j] == '\\'. It returns the rune (U+FFFD for a lone surrogate, as Go
+// and Python's "surrogatepass"-less decoders read them) and the bytes
+// consumed, 0 when malformed.
+func decodeUnicodeEscape(doc []byte, j int) (rune, int) {
+	r, ok := hex4(doc, j+2)
+	if !ok {
+		return 0, 0
+	}
+	if r >= 0xD800 && r < 0xDC00 {
+		if j+12 <= len(doc) && doc[j+6] == '\\' && doc[j+7] == 'u' {
+			if lo, ok := hex4(doc, j+8); ok && lo >= 0xDC00 && lo < 0xE000 {
+				return 0x10000 + (r-0xD800)<<10 + (lo - 0xDC00), 12
+			}
+		}
+		return utf8.RuneError, 6
+	}
+	if r >= 0xDC00 && r < 0xE000 {
+		return utf8.RuneError, 6
+	}
+	return r, 6
+}
+
+func hex4(doc []byte, i int) (rune, bool) {
+	if i+4 > len(doc) {
+		return 0, false
+	}
+	var r rune
+	for _, c := range doc[i : i+4] {
+		switch {
+		case c >= '0' && c <= '9':
+			r = r<<4 | rune(c-'0')
+		case c >= 'a' && c <= 'f':
+			r = r<<4 | rune(c-'a'+10)
+		case c >= 'A' && c <= 'F':
+			r = r<<4 | rune(c-'A'+10)
+		default:
+			return 0, false
+		}
+	}
+	return r, true
+}
+
+// writeOpaque writes the value at doc[i] without insignificant whitespace
+// (strings raw, escapes kept) and returns the offset past it.
+func (h *Hasher) writeOpaque(doc []byte, i int) (int, error) {
+	end, err := skipValue(doc, i)
+	if err != nil {
+		return 0, err
+	}
+	if h.full {
+		h.bytes += end - i
+		return end, nil
+	}
+	for i < end {
+		switch c := doc[i]; c {
+		case ' ', '\t', '\n', '\r':
+			i++
+		case '"':
+			send, err := skipString(doc, i)
+			if err != nil || send > end {
+				return 0, errTruncated
+			}
+			h.Write(doc[i:send])
+			i = send
+		default:
+			j := i + 1
+			for j < end {
+				if c := doc[j]; c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '"' {
+					break
+				}
+				j++
+			}
+			h.Write(doc[i:j])
+			i = j
+		}
+	}
+	return end, nil
+}

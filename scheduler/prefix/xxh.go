@@ -1,0 +1,87 @@
+package prefix
+
+import (
+	"encoding/binary"
+	"math/bits"
+)
+
+// This file is the 64-bit hash of blocks: XXH64 (Yann Collet's public
+// algorithm, written here from its specification) for a block's content,
+// and a separate two-multiply step that chains it to the previous block's
+// hash. Hashing every block's content independently lets the CPU overlap
+// consecutive blocks; hashing the previous hash together with the block
+// made every block wait for the one before and cost twice as much
+// (BenchmarkHashPrompt, BENCHMARKS.md).
+
+const (
+	prime1 uint64 = 11400714785074694791
+	prime2 uint64 = 14029467366897019727
+	prime3 uint64 = 1609587929392839161
+	prime4 uint64 = 9650029242287828579
+	prime5 uint64 = 2870177450012600261
+)
+
+func xxRound(acc, in uint64) uint64 {
+	acc += in * prime2
+	return bits.RotateLeft64(acc, 31) * prime1
+}
+
+func xxMerge(acc, v uint64) uint64 {
+	acc ^= xxRound(0, v)
+	return acc*prime1 + prime4
+}
+
+// hashBytes is XXH64 of b with a seed.
+func hashBytes(seed uint64, b []byte) uint64 {
+	n := len(b)
+	var h uint64
+	if n >= 32 {
+		v1, v2, v3, v4 := seed+prime1+prime2, seed+prime2, seed, seed-prime1
+		for len(b) >= 32 {
+			v1 = xxRound(v1, binary.LittleEndian.Uint64(b[0:8]))
+			v2 = xxRound(v2, binary.LittleEndian.Uint64(b[8:16]))
+			v3 = xxRound(v3, binary.LittleEndian.Uint64(b[16:24]))
+			v4 = xxRound(v4, binary.LittleEndian.Uint64(b[24:32]))
+			b = b[32:]
+		}
+		h = bits.RotateLeft64(v1, 1) + bits.RotateLeft64(v2, 7) + bits.RotateLeft64(v3, 12) + bits.RotateLeft64(v4, 18)
+		h = xxMerge(h, v1)
+		h = xxMerge(h, v2)
+		h = xxMerge(h, v3)
+		h = xxMerge(h, v4)
+	} else {
+		h = seed + prime5
+	}
+	h += uint64(n)
+	for ; len(b) >= 8; b = b[8:] {
+		h ^= xxRound(0, binary.LittleEndian.Uint64(b[:8]))
+		h = bits.RotateLeft64(h, 27)*prime1 + prime4
+	}
+	if len(b) >= 4 {
+		h ^= uint64(binary.LittleEndian.Uint32(b[:4])) * prime1
+		h = bits.RotateLeft64(h, 23)*prime2 + prime3
+		b = b[4:]
+	}
+	for _, c := range b {
+		h ^= uint64(c) * prime5
+		h = bits.RotateLeft64(h, 11) * prime1
+	}
+	h ^= h >> 33
+	h *= prime2
+	h ^= h >> 29
+	h *= prime3
+	h ^= h >> 32
+	return h
+}
+
+// chain combines the previous block's hash with a block's content hash.
+// For a fixed content hash it is a bijection of the previous hash (odd
+// multiply, xor, xorshift-multiply), so two different histories followed
+// by the same block never meet.
+func chain(prev, content uint64) uint64 {
+	h := bits.RotateLeft64(prev, 29)*prime1 ^ content
+	h ^= h >> 32
+	h *= prime3
+	h ^= h >> 29
+	return h
+}
