@@ -93,9 +93,11 @@ func (c IndexConfig) buckets() int {
 	return 1 << (bits.Len(uint(b)) - 1)
 }
 
-// Layout: every value starts with a 4-byte magic, then a little-endian
-// uint32 version. A bucket then has uint16 capacity, uint16 count, 4 bytes
-// reserved, and capacity entries of 16 bytes: block hash (uint64),
+// Layout (keys "<prefix>v2.prefix.dir" and "<prefix>v2.prefix.<bucket>",
+// the shared-data layout reserves for the index): every value starts
+// with a 4-byte magic, then a little-endian uint32 version. A bucket then
+// has uint16 capacity, uint16 count, uint32 bucket count, and capacity
+// entries of 16 bytes: block hash (uint64),
 // endpoint key (uint32, 0 = free slot), stamp (uint32, tenths of a second
 // since stampEpoch). The directory then has uint32 buckets and one uint32
 // version per bucket. A value with another magic or shape is read as empty
@@ -212,9 +214,9 @@ func NewIndex(cfg IndexConfig, store Store) (*Index, error) {
 	x := &Index{cfg: cfg, store: store, nb: nb, mask: uint64(nb - 1), bsize: bucketBytes(cfg.BucketEntries)}
 	x.keys = make([]string, nb)
 	for i := range x.keys {
-		x.keys[i] = fmt.Sprintf("%sprefix.%d.%d.b%d", cfg.KeyPrefix, nb, cfg.BucketEntries, i)
+		x.keys[i] = fmt.Sprintf("%sv2.prefix.%d", cfg.KeyPrefix, i)
 	}
-	x.dirKey = fmt.Sprintf("%sprefix.%d.%d.dir", cfg.KeyPrefix, nb, cfg.BucketEntries)
+	x.dirKey = cfg.KeyPrefix + "v2.prefix.dir"
 	x.local = make([]byte, nb*x.bsize)
 	for i := range nb {
 		x.initBucket(x.localBucket(i))
@@ -246,6 +248,7 @@ func (x *Index) initBucket(b []byte) {
 	clear(b)
 	copy(b, bucketMagic[:])
 	binary.LittleEndian.PutUint16(b[8:], uint16(x.cfg.BucketEntries))
+	binary.LittleEndian.PutUint32(b[12:], uint32(x.nb))
 }
 
 // Entries counts the entries in this VM's copy.
@@ -461,7 +464,8 @@ func (x *Index) apply(b []byte, o op) int {
 
 // validBucket reports whether b is a bucket of this layout.
 func (x *Index) validBucket(b []byte) bool {
-	if len(b) != x.bsize || [4]byte(b[:4]) != bucketMagic || int(binary.LittleEndian.Uint16(b[8:])) != x.cfg.BucketEntries {
+	if len(b) != x.bsize || [4]byte(b[:4]) != bucketMagic || int(binary.LittleEndian.Uint16(b[8:])) != x.cfg.BucketEntries ||
+		binary.LittleEndian.Uint32(b[12:]) != uint32(x.nb) {
 		return false
 	}
 	count := 0
