@@ -103,6 +103,7 @@ const (
 	ProfileRandom       = "random"
 	ProfileRoundRobin   = "round-robin"
 	ProfileLeastRequest = "least-request"
+	ProfilePrefixAware  = "prefix-aware"
 )
 
 // BuiltinProfiles returns the built-in profiles, written in the same
@@ -158,6 +159,17 @@ func BuiltinProfiles() map[string]ProfileSpec {
 		ProfileRandom:       {Picker: TypeRandomPicker},
 		ProfileRoundRobin:   {Picker: TypeRoundRobinPicker},
 		ProfileLeastRequest: {Filters: []string{TypeLeastRequestFilter}, Picker: TypeRandomPicker},
+		ProfilePrefixAware: {
+			Filters: []string{TypeShedFilter, TypePrefixAffinityFilter},
+			Scorers: []ScorerRef{
+				{Scorer: TypePrefixCacheScorer, Weight: 3},
+				{Scorer: TypeLoRAAffinityScorer, Weight: 10},
+				{Scorer: TypeQueueScorer, Weight: 1},
+				{Scorer: TypeKVCacheScorer, Weight: 2},
+				{Scorer: TypeRunningRequestsScorer, Weight: 1},
+			},
+			Picker: TypeMaxScorePicker,
+		},
 	}
 }
 

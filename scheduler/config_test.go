@@ -102,8 +102,8 @@ func TestConfigInvalid(t *testing.T) {
 		{"wrong type at top", `{"plugins": {}}`, "plugins: expected an array, got JSON object"},
 		{"unknown field in byCriticality", `{"byCriticality": {"batch": "random"}}`, `byCriticality: unknown field "batch"`},
 		{"unknown profile selected", `{"profile": "fastest"}`,
-			`profile: unknown profile "fastest" (built-in: decision-tree, least-request, random, round-robin, scoring)`},
-		{"unknown profile per criticality", `{"byCriticality": {"standard": "nope"}}`, `byCriticality.standard: unknown profile "nope" (built-in: decision-tree, least-request, random, round-robin, scoring)`},
+			`profile: unknown profile "fastest" (built-in: decision-tree, least-request, prefix-aware, random, round-robin, scoring)`},
+		{"unknown profile per criticality", `{"byCriticality": {"standard": "nope"}}`, `byCriticality.standard: unknown profile "nope" (built-in: decision-tree, least-request, prefix-aware, random, round-robin, scoring)`},
 		{"unknown field in plugin", `{"plugins": [{"type": "queue-scorer", "weight": 2}]}`, `plugins[0]: unknown field "weight"`},
 		{"plugin without type", `{"plugins": [{"name": "x"}]}`, "plugins[0].type: required"},
 		{"duplicate plugin names", `{"plugins": [{"type": "queue-scorer", "name": "q"}, {"type": "kv-cache-scorer", "name": "q"}]}`,
@@ -222,7 +222,8 @@ func TestRegistry(t *testing.T) {
 		"filter:decision-tree-filter", "filter:has-capacity-filter", "scorer:kv-cache-scorer",
 		"filter:least-kv-cache-filter", "filter:least-queue-filter", "filter:least-request-filter",
 		"filter:lora-affinity-filter", "scorer:lora-affinity-scorer", "filter:low-queue-filter",
-		"picker:max-score-picker", "scorer:queue-scorer", "picker:random-picker", "picker:round-robin-picker",
+		"picker:max-score-picker", "filter:prefix-affinity-filter", "scorer:prefix-cache-scorer",
+		"scorer:queue-scorer", "picker:random-picker", "picker:round-robin-picker",
 		"scorer:running-requests-scorer", "filter:shed-filter", "picker:weighted-random-picker",
 	}, got)
 

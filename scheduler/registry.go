@@ -3,6 +3,7 @@ package scheduler
 import (
 	"encoding/json"
 	"fmt"
+	"math"
 	"sort"
 )
 
@@ -74,6 +75,8 @@ const (
 	TypeMaxScorePicker        = "max-score-picker"
 	TypeWeightedRandomPicker  = "weighted-random-picker"
 	TypeRoundRobinPicker      = "round-robin-picker"
+	TypePrefixCacheScorer     = "prefix-cache-scorer"
+	TypePrefixAffinityFilter  = "prefix-affinity-filter"
 )
 
 // NewRegistry returns a registry holding every built-in plugin type.
@@ -195,6 +198,10 @@ func builtinTypes() []PluginType {
 			noParams(func(name string) Plugin { return &WeightedRandomPicker{PluginName: name} })},
 		{TypeRoundRobinPicker, KindPicker, "rotates through candidates across requests",
 			noParams(func(name string) Plugin { return &RoundRobinPicker{PluginName: name} })},
+		{TypePrefixCacheScorer, KindScorer, "share of the prompt's blocks the endpoint is believed to cache",
+			noParams(func(name string) Plugin { return &PrefixCacheScorer{PluginName: name} })},
+		{TypePrefixAffinityFilter, KindFilter, "prefix affinity while the endpoint has capacity, else the consistent choice (rendezvous, bounded loads)",
+			newPrefixAffinityFromParams},
 	}
 }
 
@@ -286,4 +293,37 @@ func setIf[T any](dst *T, v *T) {
 	if v != nil {
 		*dst = *v
 	}
+}
+
+func newPrefixAffinityFromParams(name string, params json.RawMessage, _ Handle) (Plugin, error) {
+	p := struct {
+		QueueThreshold    int     `json:"queueThreshold"`
+		KVCacheThreshold  float64 `json:"kvCacheThreshold"`
+		KeepRatio         float64 `json:"keepRatio"`
+		MinMatchBlocks    int     `json:"minMatchBlocks"`
+		ConsistentHashing bool    `json:"consistentHashing"`
+		BalanceFactor     float64 `json:"balanceFactor"`
+		MinCapacity       int     `json:"minCapacity"`
+	}{DefaultPrefixQueueThreshold, DefaultPrefixKVCacheThreshold, DefaultPrefixKeepRatio,
+		DefaultPrefixMinMatchBlocks, true, DefaultPrefixBalanceFactor, DefaultPrefixMinCapacity}
+	if err := DecodeParameters(params, &p); err != nil {
+		return nil, err
+	}
+	switch {
+	case p.QueueThreshold < 0:
+		return nil, fieldErr("queueThreshold", "must be >= 0")
+	case !(p.KVCacheThreshold >= 0 && p.KVCacheThreshold <= 1):
+		return nil, fieldErr("kvCacheThreshold", "must be in [0,1]")
+	case !(p.KeepRatio > 0 && p.KeepRatio <= 1):
+		return nil, fieldErr("keepRatio", "must be in (0,1]")
+	case p.MinMatchBlocks < 0:
+		return nil, fieldErr("minMatchBlocks", "must be >= 0")
+	case !(p.BalanceFactor > 1) || math.IsInf(p.BalanceFactor, 0):
+		return nil, fieldErr("balanceFactor", "must be a finite number > 1")
+	case p.MinCapacity < 0:
+		return nil, fieldErr("minCapacity", "must be >= 0")
+	}
+	return &PrefixAffinityFilter{PluginName: name, QueueThreshold: p.QueueThreshold, KVCacheThreshold: p.KVCacheThreshold,
+		KeepRatio: p.KeepRatio, MinMatchBlocks: p.MinMatchBlocks, ConsistentHashing: p.ConsistentHashing,
+		BalanceFactor: p.BalanceFactor, MinCapacity: p.MinCapacity}, nil
 }

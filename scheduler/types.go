@@ -113,6 +113,7 @@ type Request struct {
 	// TargetModel is the resolved base model or LoRA adapter to serve it.
 	TargetModel string
 	Criticality Criticality
-	// PrefixHashes are hashes of prompt blocks, for prefix-aware plugins.
-	PrefixHashes []uint64
+	// Prefix is what the routing index knows about the prompt (nil: no
+	// prefix information; prefix-aware plugins then stand aside).
+	Prefix PrefixInfo
 }
