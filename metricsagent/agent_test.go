@@ -202,6 +202,23 @@ func TestBadExpositions(t *testing.T) {
 		{"20 negative queue", serveText(page("# TYPE vllm:num_requests_waiting gauge", "vllm:num_requests_waiting -3", running5, kvV1)), wire.ScrapeInvalidValue, PodMetrics{}},
 		{"20 KV above 1", serveText(page(waiting2, running5, "# TYPE vllm:kv_cache_usage_perc gauge", "vllm:kv_cache_usage_perc 1.5")), wire.ScrapeInvalidValue, PodMetrics{}},
 		{"21 untyped", serveText(page("vllm:num_requests_waiting 3", running5, kvV1)), wire.ScrapeInvalidValue, PodMetrics{}},
+		{"21 duplicate unlabelled series", serveText(page("# TYPE vllm:num_requests_waiting gauge", "vllm:num_requests_waiting 3", "vllm:num_requests_waiting 99", running5, kvV1)),
+			wire.ScrapeParseError, PodMetrics{}},
+		// A page cut short: with a Content-Length that matches what was
+		// sent, and with a body that runs to the end of a connection the
+		// pod closed mid-page. Both are whole HTTP answers of incomplete pages.
+		{"truncated page, whole HTTP answer", serveText([]byte(strings.TrimSuffix(string(page(running5, kvV1, "# TYPE vllm:num_requests_waiting gauge",
+			`vllm:num_requests_waiting{model_name="m"} 17.0`)), "7.0\n"))), wire.ScrapeParseError, PodMetrics{}},
+		{"truncated page, connection closed mid-page", func(w http.ResponseWriter, r *http.Request) {
+			conn, bw, err := w.(http.Hijacker).Hijack()
+			if err != nil {
+				return
+			}
+			defer conn.Close()
+			_, _ = bw.WriteString("HTTP/1.1 200 OK\r\nContent-Type: text/plain; version=0.0.4\r\nConnection: close\r\n\r\n")
+			_, _ = bw.Write(v0[:len(v0)-len(v0)/3]) // ends inside a line
+			_ = bw.Flush()
+		}, wire.ScrapeParseError, PodMetrics{}},
 		{"22 several LoRA series", serveText(page(waiting2, running5, kvV1, "# TYPE vllm:lora_requests_info gauge",
 			`vllm:lora_requests_info{max_lora="2",running_lora_adapters="old",waiting_lora_adapters=""} 1.76e9`,
 			`vllm:lora_requests_info{max_lora="2",running_lora_adapters="new-a,new-b",waiting_lora_adapters="q"} 1.77e9`,
@@ -254,6 +271,68 @@ func TestBadExpositions(t *testing.T) {
 			assert.Equal(t, wire.ScrapeOK, third.Endpoints[0].LastError)
 			assert.Equal(t, t0.Add(2*time.Second), third.Endpoints[0].ScrapeTime)
 		})
+	}
+}
+
+// TestOneBadPodAmongGoodOnes: a pod whose page carries a bad value fails
+// its own scrape only. The good pods next to it are pushed with their new
+// values in the same push, and the bad one is marked unhealthy with its last
+// good values (or left out when it never had any).
+func TestOneBadPodAmongGoodOnes(t *testing.T) {
+	withValues := func(waiting int, kv string, adapter string) []byte {
+		return page("# TYPE vllm:num_requests_waiting gauge", "vllm:num_requests_waiting "+strconv.Itoa(waiting), running5,
+			"# TYPE vllm:kv_cache_usage_perc gauge", "vllm:kv_cache_usage_perc "+kv,
+			"# TYPE vllm:lora_requests_info gauge", `vllm:lora_requests_info{max_lora="2",running_lora_adapters="`+adapter+`",waiting_lora_adapters=""} 1.7e9`)
+	}
+	longName := strings.Repeat("a", wire.DefaultLimits().MaxNameLen+1)
+	good1, good2 := newPodServer(t, serveText(withValues(1, "0.1", "x"))), newPodServer(t, serveText(withValues(2, "0.2", "y")))
+	bad := newPodServer(t, serveText(withValues(3, "0.3", "z")))
+	never := newPodServer(t, serveText(withValues(4, "NaN", "w"))) // bad from the start
+	envoy := newSink(t, "tok")
+	a := newTestAgent(t, []Target{good1.target("llm", "a"), bad.target("llm", "b"), good2.target("llm", "c"), never.target("llm", "d")},
+		[]string{envoy.addr()}, "tok", 5*time.Second)
+
+	a.Cycle(context.Background())
+	p := envoy.next(t)
+	require.Len(t, p.Endpoints, 3, "the pod that never had a good scrape is left out")
+	for _, e := range p.Endpoints {
+		assert.Equal(t, wire.ScrapeOK, e.LastError, e.Name)
+	}
+	assert.Equal(t, 1.0, testutil.ToFloat64(a.metrics.ScrapeErrors.WithLabelValues("llm/d", wire.ScrapeInvalidValue.String())))
+
+	for step, badPage := range []struct {
+		name string
+		body []byte
+	}{
+		{"NaN KV", withValues(30, "NaN", "z")},
+		{"adapter name over the wire limit", withValues(31, "0.31", longName)},
+	} {
+		bad.set(serveText(badPage.body))
+		good1.set(serveText(withValues(10+step, "0.5", "x")))
+		good2.set(serveText(withValues(20+step, "0.6", "y")))
+		a.clock.Advance(time.Second)
+		a.Cycle(context.Background())
+		p := envoy.next(t)
+		require.Len(t, p.Endpoints, 3, badPage.name)
+		byName := map[string]wire.EndpointState{}
+		for _, e := range p.Endpoints {
+			byName[e.Name] = e
+		}
+		now := t0.Add(time.Duration(step+1) * time.Second)
+		for name, waiting := range map[string]uint32{"a": uint32(10 + step), "c": uint32(20 + step)} {
+			e := byName[name]
+			assert.Equal(t, wire.ScrapeOK, e.LastError, "%s: %s", badPage.name, name)
+			assert.Equal(t, waiting, e.Waiting, "%s: %s has its new values", badPage.name, name)
+			assert.Equal(t, now, e.ScrapeTime, "%s: %s", badPage.name, name)
+		}
+		e := byName["b"]
+		assert.Equal(t, wire.ScrapeInvalidValue, e.LastError, badPage.name)
+		assert.Equal(t, uint32(3), e.Waiting, "%s: last good values kept", badPage.name)
+		assert.Equal(t, 0.3, e.KVCacheUsage, badPage.name)
+		assert.Equal(t, []string{"z"}, e.ActiveAdapters, badPage.name)
+		assert.Equal(t, t0, e.ScrapeTime, "%s: the bad pod ages from its last good scrape", badPage.name)
+		assert.Equal(t, 1.0, testutil.ToFloat64(a.metrics.EndpointsUnhealthy), badPage.name)
+		assert.Equal(t, float64(step+1), testutil.ToFloat64(a.metrics.ScrapeErrors.WithLabelValues("llm/b", wire.ScrapeInvalidValue.String())), badPage.name)
 	}
 }
 

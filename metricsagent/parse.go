@@ -110,11 +110,26 @@ func StatusOf(err error) wire.ScrapeStatus {
 // A pod scraped again and again is better read with a Parser, which gives
 // the same answers for less work.
 func ParseMetrics(body []byte, names MetricNames) (PodMetrics, error) {
+	if err := wholePage(body); err != nil {
+		return PodMetrics{}, err
+	}
 	fams, err := parseFamilies(filterFamilies(body, names, make([]byte, 0, 1024)))
 	if err != nil {
 		return PodMetrics{}, err
 	}
 	return metricsFrom(fams, names)
+}
+
+// wholePage refuses a page that does not end with a newline. vLLM ends
+// every page with one, so a page without it was cut short (a pod that died
+// mid-write, a proxy that gave up) and its last line may be a value cut in
+// the middle, "17.0" read as "1". The line filter drops most lines, so the
+// cut may be in a line the parser never sees: the page itself is checked.
+func wholePage(body []byte) *ScrapeError {
+	if len(body) > 0 && body[len(body)-1] != '\n' {
+		return scrapeErr(wire.ScrapeParseError, "page truncated: %d bytes without a final newline", len(body))
+	}
+	return nil
 }
 
 // parseFamilies runs expfmt's text parser (with UTF-8 name validation, never
@@ -158,7 +173,7 @@ func gaugeFamily(fams map[string]*dto.MetricFamily, name string) (*dto.MetricFam
 	}
 	switch f.GetType() {
 	case dto.MetricType_GAUGE:
-		if dup := duplicateSeries(f); dup != "" {
+		if dup, ok := duplicateSeries(f); ok {
 			return nil, scrapeErr(wire.ScrapeParseError, "%s: series {%s} appears twice", name, dup)
 		}
 		return f, nil
@@ -170,11 +185,11 @@ func gaugeFamily(fams map[string]*dto.MetricFamily, name string) (*dto.MetricFam
 }
 
 // duplicateSeries returns the label set of a series that appears twice in
-// f, or "". The text parser keeps both; summing them would double count.
-// A family has a handful of series, so they are compared pairwise, which
-// allocates nothing (this runs on every scrape); only a duplicate found is
-// formatted.
-func duplicateSeries(f *dto.MetricFamily) string {
+// f ("" for a series without labels) and whether there is one. The text
+// parser keeps both; summing them would double count. A family has a
+// handful of series, so they are compared pairwise, which allocates nothing
+// (this runs on every scrape); only a duplicate found is formatted.
+func duplicateSeries(f *dto.MetricFamily) (string, bool) {
 	ms := f.GetMetric()
 	for i := 1; i < len(ms); i++ {
 		for j := range i {
@@ -184,11 +199,11 @@ func duplicateSeries(f *dto.MetricFamily) string {
 					pairs = append(pairs, lp.GetName()+"="+strconv.Quote(lp.GetValue()))
 				}
 				slices.Sort(pairs) // the parser keeps labels in page order
-				return strings.Join(pairs, ",")
+				return strings.Join(pairs, ","), true
 			}
 		}
 	}
-	return ""
+	return "", false
 }
 
 // sameLabels reports whether a and b are the same label set, in any order.
@@ -379,7 +394,9 @@ func newFamilyFilter(names MetricNames) *familyFilter {
 // filterFamilies appends to dst the lines of body that belong to a wanted
 // family: "# TYPE name" and samples of name. HELP lines, other comments and
 // blank lines are dropped (the parser needs none of them). A line whose name
-// is quoted (the UTF-8 form) is kept whole and left to the parser.
+// is quoted (the UTF-8 form) is kept whole and left to the parser. Kept
+// lines are copied as received, newline included: a last line without one
+// stays without one.
 //
 // It runs on every scrape of every pod, so it looks at as little as it can:
 // the bytes at the start of a line decide whether a name comparison is needed.
@@ -392,11 +409,11 @@ func (f *familyFilter) appendLines(dst, body []byte) []byte {
 		return dst
 	}
 	for len(body) > 0 {
-		var line []byte
+		var line, whole []byte // whole is line with its newline, if it has one
 		if i := bytes.IndexByte(body, '\n'); i >= 0 {
-			line, body = body[:i], body[i+1:]
+			line, whole, body = body[:i], body[:i+1], body[i+1:]
 		} else {
-			line, body = body, nil
+			line, whole, body = body, body, nil
 		}
 		if len(line) == 0 {
 			continue
@@ -427,8 +444,7 @@ func (f *familyFilter) appendLines(dst, body []byte) []byte {
 			}
 		}
 		if keep {
-			dst = append(dst, line...)
-			dst = append(dst, '\n')
+			dst = append(dst, whole...)
 		}
 	}
 	return dst

@@ -100,6 +100,8 @@ func TestParseMetrics(t *testing.T) {
 		// BAD-INPUTS row 20
 		{"NaN queue", page("# TYPE vllm:num_requests_waiting gauge", "vllm:num_requests_waiting NaN", running5, kvV1), DefaultMetricNames(), PodMetrics{}, wire.ScrapeInvalidValue, "NaN"},
 		{"+Inf queue", page(waiting2, "# TYPE vllm:num_requests_running gauge", "vllm:num_requests_running +Inf", kvV1), DefaultMetricNames(), PodMetrics{}, wire.ScrapeInvalidValue, "+Inf"},
+		{"NaN kv", page(waiting2, running5, "# TYPE vllm:kv_cache_usage_perc gauge", `vllm:kv_cache_usage_perc{model_name="m"} NaN`), DefaultMetricNames(), PodMetrics{}, wire.ScrapeInvalidValue, "vllm:kv_cache_usage_perc: value NaN"},
+		{"NaN v0 kv", page(waiting2, running5, "# TYPE vllm:gpu_cache_usage_perc gauge", "vllm:gpu_cache_usage_perc NaN"), DefaultMetricNames(), PodMetrics{}, wire.ScrapeInvalidValue, "vllm:gpu_cache_usage_perc: value NaN"},
 		{"-Inf kv", page(waiting2, running5, "# TYPE vllm:kv_cache_usage_perc gauge", "vllm:kv_cache_usage_perc -Inf"), DefaultMetricNames(), PodMetrics{}, wire.ScrapeInvalidValue, "-Inf"},
 		{"negative queue", page("# TYPE vllm:num_requests_waiting gauge", "vllm:num_requests_waiting -1", running5, kvV1), DefaultMetricNames(), PodMetrics{}, wire.ScrapeInvalidValue, "negative"},
 		{"kv above 1", page(waiting2, running5, "# TYPE vllm:kv_cache_usage_perc gauge", "vllm:kv_cache_usage_perc 1.01"), DefaultMetricNames(), PodMetrics{}, wire.ScrapeInvalidValue, "outside 0..1"},
@@ -116,10 +118,20 @@ func TestParseMetrics(t *testing.T) {
 		{"missing running", page(waiting2, kvV1), DefaultMetricNames(), PodMetrics{}, wire.ScrapeMissingMetric, "vllm:num_requests_running"},
 		{"missing kv", page(waiting2, running5), DefaultMetricNames(), PodMetrics{}, wire.ScrapeMissingMetric, "none of vllm:kv_cache_usage_perc, vllm:gpu_cache_usage_perc"},
 		{"TYPE without samples", page("# TYPE vllm:num_requests_waiting gauge", running5, kvV1), DefaultMetricNames(), PodMetrics{}, wire.ScrapeMissingMetric, "no samples"},
+		// A page cut short: vLLM ends every page with a newline.
+		{"truncated in the last sample's value", []byte(strings.TrimSuffix(string(page(running5, kvV1, "# TYPE vllm:num_requests_waiting gauge", `vllm:num_requests_waiting{model_name="m"} 17.0`)), "7.0\n")),
+			DefaultMetricNames(), PodMetrics{}, wire.ScrapeParseError, "truncated"},
+		{"truncated in a line the agent does not read", []byte(string(page(waiting2, running5, kvV1, "# TYPE vllm:e2e_request_latency_seconds histogram")) + `vllm:e2e_request_latency_seconds_bucket{le="0.`),
+			DefaultMetricNames(), PodMetrics{}, wire.ScrapeParseError, "truncated"},
+		{"truncated after a blank", []byte(string(page(waiting2, running5, kvV1)) + "  "), DefaultMetricNames(), PodMetrics{}, wire.ScrapeParseError, "truncated"},
 		{"empty body", nil, DefaultMetricNames(), PodMetrics{}, wire.ScrapeMissingMetric, ""},
 		{"HTML page", []byte("<!DOCTYPE html><html><body>502 Bad Gateway</body></html>\n"), DefaultMetricNames(), PodMetrics{}, wire.ScrapeMissingMetric, ""},
 		{"garbage in a wanted line", page(waiting2, running5, "# TYPE vllm:kv_cache_usage_perc gauge", "vllm:kv_cache_usage_perc{engine=\"0\" 0.5"), DefaultMetricNames(), PodMetrics{}, wire.ScrapeParseError, "exposition text"},
 		{"duplicate series", page(waiting2, "vllm:num_requests_waiting{model_name=\"m\"} 3", running5, kvV1), DefaultMetricNames(), PodMetrics{}, wire.ScrapeParseError, "appears twice"},
+		{"duplicate series without labels", page("# TYPE vllm:num_requests_waiting gauge", "vllm:num_requests_waiting 3", "vllm:num_requests_waiting 99", running5, kvV1),
+			DefaultMetricNames(), PodMetrics{}, wire.ScrapeParseError, "vllm:num_requests_waiting: series {} appears twice"},
+		{"duplicate KV series without labels", page(waiting2, running5, "# TYPE vllm:kv_cache_usage_perc gauge", "vllm:kv_cache_usage_perc 0.1", "vllm:kv_cache_usage_perc 0.9"),
+			DefaultMetricNames(), PodMetrics{}, wire.ScrapeParseError, "vllm:kv_cache_usage_perc: series {} appears twice"},
 		{"duplicate series, labels in another order", page("# TYPE vllm:num_requests_waiting gauge", `vllm:num_requests_waiting{engine="0",model_name="m"} 1`,
 			`vllm:num_requests_waiting{engine="1",model_name="m"} 2`, `vllm:num_requests_waiting{model_name="m",engine="0"} 3`, running5, kvV1),
 			DefaultMetricNames(), PodMetrics{}, wire.ScrapeParseError, `vllm:num_requests_waiting: series {engine="0",model_name="m"} appears twice`},
@@ -143,6 +155,14 @@ func TestParseMetrics(t *testing.T) {
 	}
 }
 
+func TestFilterFamiliesHandsOnTheBytesReceived(t *testing.T) {
+	// A last line without its newline stays without one: the parser must
+	// see a page cut short as it was received.
+	cut := "# TYPE vllm:num_requests_waiting gauge\nvllm:num_requests_waiting 1"
+	assert.Equal(t, cut, string(filterFamilies([]byte(cut), DefaultMetricNames(), nil)))
+	assert.Equal(t, "# TYPE vllm:num_requests_waiting gauge\n", string(filterFamilies([]byte("# TYPE vllm:num_requests_waiting gauge\nvllm:other 1"), DefaultMetricNames(), nil)))
+}
+
 func TestFilterFamiliesKeepsOnlyWantedLines(t *testing.T) {
 	in := page("# HELP vllm:num_requests_waiting Queued.", waiting2, "# some comment", "",
 		"# TYPE vllm:num_requests_waiting_other gauge", "vllm:num_requests_waiting_other 1",
@@ -157,8 +177,8 @@ func TestFilterFamiliesKeepsOnlyWantedLines(t *testing.T) {
 // line's metric name (after "# TYPE" for TYPE lines) must be wanted.
 func referenceFilter(body []byte, wanted []string) string {
 	var out strings.Builder
-	for line := range strings.SplitSeq(string(body), "\n") {
-		rest := strings.TrimLeft(line, " \t")
+	for line := range strings.SplitAfterSeq(string(body), "\n") {
+		rest := strings.TrimLeft(strings.TrimSuffix(line, "\n"), " \t")
 		if rest == "" {
 			continue
 		}
@@ -177,7 +197,7 @@ func referenceFilter(body []byte, wanted []string) string {
 			keep = slices.Contains(wanted, rest[:end])
 		}
 		if keep {
-			out.WriteString(line + "\n")
+			out.WriteString(line)
 		}
 	}
 	return out.String()
@@ -205,6 +225,7 @@ func FuzzFilterFamilies(f *testing.F) {
 	f.Add(golden(f, "vllm-v1.txt"), uint8(0))
 	f.Add([]byte("q 1\nq_running 2\n# TYPE q gauge\nqq 3\n"), uint8(1))
 	f.Add([]byte("waiting 1\n\trunning 2\nkv{a=\"b\"} 3\n"), uint8(2))
+	f.Add([]byte("waiting 1\n\trunning 2\nkv{a=\"b\"} 3"), uint8(2))
 	f.Fuzz(func(t *testing.T, body []byte, set uint8) {
 		names := filterNameSets[int(set)%len(filterNameSets)]
 		wanted := append([]string{names.Waiting, names.Running, names.LoRAInfo}, names.KVUsage...)
@@ -225,8 +246,17 @@ func FuzzParseMetrics(f *testing.F) {
 	f.Add(golden(f, "vllm-v1.txt"))
 	f.Add(page(waiting2, running5, kvV1))
 	f.Add(page(waiting2, running5, kvV1, "# TYPE vllm:lora_requests_info gauge", `vllm:lora_requests_info{max_lora="3",running_lora_adapters="b,a",waiting_lora_adapters="c"} 1.8e9`))
+	f.Add(bytes.TrimSuffix(page(running5, kvV1, "# TYPE vllm:num_requests_waiting gauge", "vllm:num_requests_waiting 17.0"), []byte("7.0\n")))
+	f.Add(page("# TYPE vllm:num_requests_waiting gauge", "vllm:num_requests_waiting 3", "vllm:num_requests_waiting 99", running5, kvV1))
 	f.Fuzz(func(t *testing.T, body []byte) {
 		m, err := ParseMetrics(body, DefaultMetricNames())
+		// A page without its final newline was cut short, whatever the
+		// cut line holds.
+		if len(body) > 0 && body[len(body)-1] != '\n' {
+			require.Equal(t, wire.ScrapeParseError, StatusOf(err), "%v", err)
+			require.ErrorContains(t, err, "truncated")
+			return
+		}
 		// The line filter must not change the meaning: whenever the whole
 		// page parses, reading it unfiltered gives the same answer.
 		parser := expfmt.NewTextParser(model.UTF8Validation)

@@ -65,6 +65,9 @@ func NewParser(names MetricNames) *Parser {
 
 // Parse reads one page; it gives what ParseMetrics gives for the same body.
 func (p *Parser) Parse(body []byte) (PodMetrics, error) {
+	if err := wholePage(body); err != nil {
+		return PodMetrics{}, err // the template stays: the next whole page may match it
+	}
 	p.filtered = p.filter.appendLines(p.filtered[:0], body)
 	if p.readValues(p.filtered) {
 		p.ValueParses++
@@ -165,7 +168,7 @@ func rebuildSlots(t *template) bool {
 	for start := 0; start < len(text); {
 		end := bytes.IndexByte(text[start:], '\n')
 		if end < 0 {
-			return false // filterFamilies ends every line with '\n'
+			return false // a page cut short (Parse refuses those first)
 		}
 		end += start
 		line := trimBlank(text[start:end])

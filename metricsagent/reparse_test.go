@@ -99,6 +99,53 @@ func TestParserFallsBackToExpfmtWhenThePageChanges(t *testing.T) {
 	}
 }
 
+// A page cut short is refused on either path, and the template survives it.
+func TestParserRefusesTruncatedPages(t *testing.T) {
+	const typeW = "# TYPE vllm:num_requests_waiting gauge"
+	whole := func(waiting string) string {
+		return string(page(running5, kvV1, typeW, `vllm:num_requests_waiting{model_name="m"} `+waiting, "# TYPE vllm:e2e_request_latency_seconds histogram",
+			`vllm:e2e_request_latency_seconds_bucket{le="0.5"} 4`))
+	}
+	p := NewParser(DefaultMetricNames())
+	m, err := parseBoth(t, p, []byte(whole("12")))
+	require.NoError(t, err)
+	require.Equal(t, uint32(12), m.Waiting)
+	m, err = parseBoth(t, p, []byte(whole("17.0")))
+	require.NoError(t, err)
+	require.Equal(t, uint32(17), m.Waiting)
+	requireParses(t, p, 1, 1)
+
+	// Cut in a line the filter drops: the filtered text is the template's
+	// shape with new values, yet the page is incomplete.
+	cutOther := strings.TrimSuffix(whole("3"), "4\n")
+	_, err = parseBoth(t, p, []byte(cutOther))
+	require.Equal(t, wire.ScrapeParseError, StatusOf(err), "%v", err)
+	assert.ErrorContains(t, err, "truncated")
+	// Cut in the last wanted sample's value: "17.0" became "1".
+	cutValue := string(page(running5, kvV1, typeW)) + `vllm:num_requests_waiting{model_name="m"} 1`
+	_, err = parseBoth(t, p, []byte(cutValue))
+	require.Equal(t, wire.ScrapeParseError, StatusOf(err), "%v", err)
+
+	m, err = parseBoth(t, p, []byte(whole("5")))
+	require.NoError(t, err)
+	assert.Equal(t, uint32(5), m.Waiting)
+}
+
+// A duplicated unlabelled series is refused on the values-only path too.
+func TestParserRefusesDuplicateSeriesOnEveryPath(t *testing.T) {
+	const typeW = "# TYPE vllm:num_requests_waiting gauge"
+	dup := func(a, b string) []byte {
+		return page(typeW, "vllm:num_requests_waiting "+a, "vllm:num_requests_waiting "+b, running5, kvV1)
+	}
+	p := NewParser(DefaultMetricNames())
+	for _, vals := range [][2]string{{"3", "99"}, {"4", "98"}} {
+		_, err := parseBoth(t, p, dup(vals[0], vals[1]))
+		require.Equal(t, wire.ScrapeParseError, StatusOf(err), "%v", err)
+		assert.ErrorContains(t, err, "vllm:num_requests_waiting: series {} appears twice")
+	}
+	requireParses(t, p, 1, 1)
+}
+
 func TestParserSampleValueRules(t *testing.T) {
 	for _, tc := range []struct {
 		token string
@@ -128,6 +175,8 @@ func FuzzParserTemplate(f *testing.F) {
 	f.Add(base, []byte(strings.Replace(string(base), "0.25", "0.5", 1)))
 	f.Add(base, []byte(strings.Replace(string(base), " 1\n", " 1 17\n", 1)))
 	f.Add(base, []byte(strings.Replace(string(base), " 2\n", " \t2\n", 1)))
+	f.Add(base, []byte(strings.TrimSuffix(string(base), "5\n")))
+	f.Add(base, []byte(string(base)+"vllm:num_requests_waiting 2\n"))
 	f.Fuzz(func(t *testing.T, a, b []byte) {
 		p := NewParser(DefaultMetricNames())
 		parseBoth(t, p, a)
