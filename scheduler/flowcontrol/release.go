@@ -1,0 +1,72 @@
+package flowcontrol
+
+import (
+	"time"
+
+	"github.com/wasm-epp/wasm-epp/scheduler"
+)
+
+// Releaser offers one VM's queued requests to its scheduler, counting each
+// dispatch in the VM's snapshot copy and, through Admission, for the other
+// VMs of the proxy. The plugin and the fleet simulation both release
+// through it, so a simulated release is the plugin's.
+type Releaser[T any] struct {
+	Queue *Queue[T]
+	// Admission shares the counts with the proxy's other VMs; nil counts
+	// in this VM's copy only (one VM).
+	Admission *Admission
+	// Schedule runs the scheduler for queued request v on snap, exactly as
+	// for a request that never waited (same profile, same fail-open
+	// policy), without Scheduler.Observe: the Releaser counts dispatches
+	// itself, for every dispatched request, which Observe does not (it
+	// skips requests whose adapter the endpoint holds).
+	Schedule func(v T, snap *scheduler.Snapshot) scheduler.Result
+	// Done hears of every request that leaves by release: routed
+	// (res.Outcome Routed or FailedOpen: send it to res.Endpoint) or
+	// refused for good (NoEndpoint, AllStale: answer 503 as for a new
+	// request). A non-nil err is an admission failure (shared store
+	// unreachable) the request was routed despite, counted in this VM's
+	// copy only: log it.
+	Done func(e Entry[T], res scheduler.Result, err error)
+
+	// ContentionBlocked counts the requests left queued because the shared
+	// record kept changing (ErrContention); they are offered again at the
+	// next release.
+	ContentionBlocked uint64
+}
+
+// Release offers the queue's requests in order (Queue.Release) on snap, the
+// VM's current copy named by tag, and returns how many were dispatched. A
+// request the scheduler drops for lack of capacity stays queued.
+func (r *Releaser[T]) Release(now time.Duration, snap *scheduler.Snapshot, tag uint64) int {
+	return r.Queue.Release(now, func(e Entry[T]) Verdict {
+		var res scheduler.Result
+		try := func() int {
+			res = r.Schedule(e.Value, snap)
+			switch res.Outcome {
+			case scheduler.Routed, scheduler.FailedOpen:
+				return res.Index
+			}
+			return -1
+		}
+		var err error
+		if r.Admission != nil {
+			_, err = r.Admission.Place(snap, tag, try)
+		} else if i := try(); i >= 0 && i < len(snap.Endpoints) {
+			snap.Endpoints[i].Metrics.WaitingQueueSize++
+		}
+		switch res.Outcome {
+		case scheduler.Dropped:
+			return Blocked
+		case scheduler.Routed, scheduler.FailedOpen:
+			if err == ErrContention {
+				r.ContentionBlocked++
+				return Blocked
+			}
+			r.Done(e, res, err)
+			return Dispatched
+		}
+		r.Done(e, res, nil)
+		return Left
+	})
+}
