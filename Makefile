@@ -8,7 +8,7 @@ MODULE := github.com/wasm-epp/wasm-epp
 # Native commands built into bin/ (directory under the repo -> binary name).
 CMDS := $(wildcard e2e/cmd/* metricsagent/cmd/*)
 
-.PHONY: help build wasm testplugin cmds run demo test check bench bench-routing fuzz images clean
+.PHONY: help build wasm testplugin cmds run demo test check bench bench-routing bench-flow fuzz images clean
 
 help: ## List targets.
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-16s %s\n", $$1, $$2}'
@@ -56,6 +56,9 @@ bench: ## Micro-benchmarks (scheduler, plugin in the host, agent). Results go in
 bench-routing: cmds ## Fleet simulation: every policy on the seed's and upstream's scenarios (about 7 min); writes e2e/results/.
 	$(BIN)/fleetbench -out e2e/results
 	$(BIN)/fleetbench -scenarios a -criticality critical=0.6,standard=0.2,sheddable=0.2 -out e2e/results/mixed-criticality
+
+bench-flow: cmds ## Flow-control fleet benchmark (about 1 min): today's 429 vs the queue; writes e2e/results/flow-control/.
+	$(BIN)/flowbench -extra tree-kv1=e2e/results/flow-control/tree-kv1.json -out e2e/results/flow-control
 
 images: ## Build container images (docker/podman/buildah), or print the commands.
 	@build/images.sh

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/wasm-epp/wasm-epp/scheduler"
+	"github.com/wasm-epp/wasm-epp/scheduler/flowcontrol"
 )
 
 // View is what a policy may look at when it routes one request.
@@ -38,6 +39,11 @@ type PolicySpec struct {
 	// routed since the last scrape (scheduler.Scheduler.Observe), for
 	// reports.
 	CountsRouted bool
+	// Flow, when set, holds the requests the policy drops in the plugin's
+	// flow-control queue (FlowPolicySpec); FlowLocal keeps each VM's
+	// admissions to itself (FlowLocalAdmission).
+	Flow      *flowcontrol.Config
+	FlowLocal bool
 }
 
 // Policy names offered besides the scheduler's built-in profiles.

@@ -41,6 +41,11 @@ type RunConfig struct {
 	// knows only its share; each arrival goes to one of them uniformly at
 	// random. Envoy's least-request reads the shared live counts either way.
 	GatewayVMs int
+	// Burst, when set, raises the arrival rate periodically (flow.go).
+	Burst Burst
+	// RecordOutcomes keeps every arrival's outcome in Result.Outcomes, to
+	// compare two policies request by request (same seed, same arrivals).
+	RecordOutcomes bool
 }
 
 // DefaultScrapeInterval is upstream EPP's metrics refresh period.
@@ -97,6 +102,16 @@ type Result struct {
 	Routed []int
 	// End is the virtual time when the last request finished.
 	End time.Duration
+
+	// Classes splits the measured requests by criticality (index
+	// scheduler.Critical, Standard, Sheddable); latencies of a request
+	// that waited in a flow-control queue count its wait.
+	Classes [3]ClassResult
+	// Flow is what the flow-control queues did (zero without).
+	Flow FlowResult
+	// Outcomes, with RunConfig.RecordOutcomes, is each arrival's outcome
+	// in arrival order (seeds one after the other).
+	Outcomes []ArrivalOutcome
 }
 
 // PerMinute turns a count of r (summed over its seeds) into a rate per
@@ -111,6 +126,9 @@ type flight struct {
 	req      vllmsim.Request
 	replica  int
 	measured bool
+	crit     scheduler.Criticality
+	// waited is the time spent in a flow-control queue before it was sent.
+	waited time.Duration
 }
 
 const slabSize = 4096
@@ -136,6 +154,8 @@ func (f *flights) get(id uint64) *flight { return &f.slabs[id/slabSize][id%slabS
 // samples are the latencies of measured completed requests.
 type samples struct {
 	ttft, tpot, ntpot, e2e []time.Duration
+	classTTFT              [3][]time.Duration
+	wait                   []time.Duration
 }
 
 // Run simulates one configuration. It is deterministic: the same config
@@ -182,12 +202,17 @@ func RunSeeds(cfg RunConfig, n int) (Result, error) {
 		}
 		pooled.End = max(pooled.End, r.End)
 		pooled.MeanActiveAdapters += r.MeanActiveAdapters
+		pooled.pool(&r)
 	}
 	pooled.Seeds = n
 	pooled.ThroughputRPS /= float64(n)
 	pooled.OutputTokPS /= float64(n)
 	pooled.MeanActiveAdapters /= float64(n)
 	pooled.TTFT, pooled.TPOT, pooled.NTPOT, pooled.E2E = summarize(all.ttft), summarize(all.tpot), summarize(all.ntpot), summarize(all.e2e)
+	for c := range pooled.Classes {
+		pooled.Classes[c].TTFT = summarize(all.classTTFT[c])
+	}
+	pooled.Flow.Wait = summarize(all.wait)
 	return pooled, nil
 }
 
@@ -208,6 +233,9 @@ func runOnce(cfg RunConfig, into *samples) (Result, error) {
 	case cfg.GatewayVMs < 0:
 		return Result{}, errors.New("fleet: GatewayVMs must not be negative")
 	}
+	if err := cfg.Burst.validate(); err != nil {
+		return Result{}, err
+	}
 	var now time.Duration
 	clock := func() time.Time { return Epoch.Add(now) }
 	vms := max(cfg.GatewayVMs, 1)
@@ -220,9 +248,7 @@ func runOnce(cfg RunConfig, into *samples) (Result, error) {
 		}
 	}
 	vmRand := rand.New(rand.NewPCG(cfg.Seed, 0x6a7e))
-	gen, err := vllmsim.NewWorkload(vllmsim.WorkloadConfig{
-		Rate: cfg.Rate, Input: sc.Input, Output: sc.Output, Adapters: sc.Adapters, Seed: cfg.Seed,
-	})
+	gen, err := newArrivals(cfg, sc)
 	if err != nil {
 		return Result{}, fmt.Errorf("fleet: scenario %q: %w", sc.Name, err)
 	}
@@ -302,6 +328,12 @@ func runOnce(cfg RunConfig, into *samples) (Result, error) {
 	var store flights
 	ttft, tpot, ntpot, e2e := into.ttft, into.tpot, into.ntpot, into.e2e
 	defer func() { into.ttft, into.tpot, into.ntpot, into.e2e = ttft, tpot, ntpot, e2e }()
+	var flow *flowState
+	if cfg.Policy.Flow != nil {
+		if flow, err = newFlowState(*cfg.Policy.Flow, cfg.Policy.FlowLocal, policies, &store); err != nil {
+			return Result{}, err
+		}
+	}
 	var atStart, atEnd vllmsim.Counters
 	started, ended := false, false
 	outstanding := 0
@@ -321,14 +353,71 @@ func runOnce(cfg RunConfig, into *samples) (Result, error) {
 				continue
 			}
 			res.Completed++
-			ttft = append(ttft, r.TTFT())
+			// A request that waited in a queue counts its wait: the
+			// replica only saw it arrive when it was sent.
+			first := r.TTFT() + f.waited
+			ttft = append(ttft, first)
+			c := ClassOf(f.crit)
+			res.Classes[c].Completed++
+			into.classTTFT[c] = append(into.classTTFT[c], first)
 			if r.Generated > 1 {
 				tpot = append(tpot, r.TPOT())
 			}
-			lat := r.Latency()
+			lat := r.Latency() + f.waited
 			e2e = append(e2e, lat)
 			ntpot = append(ntpot, lat/time.Duration(r.OutputTokens))
 		}
+	}
+	// send submits f to replica i at time at.
+	send := func(f *flight, i int, at time.Duration) error {
+		if i < 0 || i >= len(reps) {
+			return fmt.Errorf("fleet: policy %q routed to replica %d of %d", cfg.Policy.Name, i, len(reps))
+		}
+		f.replica = i
+		inFlight[i]++
+		outstanding++
+		res.Routed[i]++
+		return reps[i].Submit(&f.req, at)
+	}
+	// refuse counts f as refused (429) or without endpoint (503).
+	refuse := func(f *flight, o ArrivalOutcome) {
+		if cfg.RecordOutcomes {
+			res.Outcomes[f.req.ID] = o
+		}
+		c := ClassOf(f.crit)
+		if o == OutcomeRefused {
+			res.DroppedAll++
+			if f.measured {
+				res.Dropped++
+				res.Classes[c].Refused++
+			}
+			return
+		}
+		res.NoEndpointAll++
+		if f.measured {
+			res.NoEndpoint++
+			res.Classes[c].NoEndpoint++
+		}
+	}
+	var releaseErr error
+	if flow != nil {
+		flow.onRelease(func(id uint64, r scheduler.Result, waited time.Duration) {
+			f := store.get(id)
+			if r.Outcome != scheduler.Routed && r.Outcome != scheduler.FailedOpen {
+				refuse(f, OutcomeNoEndpoint)
+				return
+			}
+			f.waited = waited
+			if f.measured {
+				into.wait = append(into.wait, waited)
+			}
+			if r.Index >= 0 && r.Index < len(reps) && reps[r.Index].Metrics().Waiting > scheduler.DefaultQueueThresholdCritical {
+				flow.res.OverThreshold++
+			}
+			if err := send(f, r.Index, now); err != nil && releaseErr == nil {
+				releaseErr = err
+			}
+		})
 	}
 
 	for {
@@ -338,13 +427,17 @@ func runOnce(cfg RunConfig, into *samples) (Result, error) {
 				stepAt, stepReplica = t, i
 			}
 		}
-		arriveAt, scrapeAt := never, never
+		arriveAt, scrapeAt, tickAt := never, never, never
 		if next.At < arrivalsEnd {
 			arriveAt, scrapeAt = next.At, nextScrape
 		}
-		at := min(stepAt, scrapeAt, arriveAt)
+		if flow != nil && (next.At < arrivalsEnd || flow.queued() > 0) {
+			// Queued requests need fresh metrics and ticks until they leave.
+			scrapeAt, tickAt = nextScrape, flow.nextTick
+		}
+		at := min(stepAt, scrapeAt, tickAt, arriveAt)
 		if at == never {
-			break // no arrivals left and every replica idle: drained
+			break // no arrivals left, nothing queued and every replica idle: drained
 		}
 		if at > deadline {
 			return res, fmt.Errorf("fleet: %s/%s at %.0f req/s: %d requests still running %v after arrivals stopped",
@@ -363,43 +456,50 @@ func runOnce(cfg RunConfig, into *samples) (Result, error) {
 		case at == scrapeAt:
 			scrape(at)
 			nextScrape += cfg.ScrapeInterval
+			if flow != nil {
+				flow.tag++ // every VM's copy now holds this scrape
+			}
+		case at == tickAt:
+			flow.tick(at, views, func(id uint64) { refuse(store.get(id), OutcomeRefused) })
+			if releaseErr != nil {
+				return res, releaseErr
+			}
 		default:
 			f, id := store.add()
 			f.req = vllmsim.Request{ID: id, Adapter: next.Adapter, PromptTokens: next.PromptTokens, OutputTokens: next.OutputTokens}
 			f.measured = at >= winStart
+			f.crit = sc.Criticality.pick(critRand.Float64())
 			res.Arrivals++
+			if cfg.RecordOutcomes {
+				res.Outcomes = append(res.Outcomes, OutcomeCompleted)
+			}
 			if f.measured {
 				res.Measured++
+				res.Classes[ClassOf(f.crit)].Measured++
 			}
 			req.Model, req.TargetModel = next.Adapter, next.Adapter
-			req.Criticality = sc.Criticality.pick(critRand.Float64())
+			req.Criticality = f.crit
 			vm := 0
 			if vms > 1 {
 				vm = vmRand.IntN(vms)
 			}
-			i, outcome := policies[vm].Route(&req, views[vm])
+			// With flow control, a request that would overtake queued ones
+			// joins them instead of being scheduled (as the plugin does).
+			i, outcome := -1, scheduler.Dropped
+			if flow == nil || !flow.waiting(vm, f.crit) {
+				i, outcome = policies[vm].Route(&req, views[vm])
+			}
 			switch outcome {
 			case scheduler.Routed:
-				if i < 0 || i >= len(reps) {
-					return res, fmt.Errorf("fleet: policy %q routed to replica %d of %d", cfg.Policy.Name, i, len(reps))
-				}
-				f.replica = i
-				inFlight[i]++
-				outstanding++
-				res.Routed[i]++
-				if err := reps[i].Submit(&f.req, at); err != nil {
+				if err := send(f, i, at); err != nil {
 					return res, fmt.Errorf("fleet: arrival %d: %w", next.Seq, err)
 				}
 			case scheduler.Dropped:
-				res.DroppedAll++
-				if f.measured {
-					res.Dropped++
+				if flow == nil || f.crit == scheduler.Critical || !flow.hold(vm, id, f, at) {
+					refuse(f, OutcomeRefused)
 				}
 			default:
-				res.NoEndpointAll++
-				if f.measured {
-					res.NoEndpoint++
-				}
+				refuse(f, OutcomeNoEndpoint)
 			}
 			next = gen.Next()
 		}
@@ -411,6 +511,9 @@ func runOnce(cfg RunConfig, into *samples) (Result, error) {
 		atEnd = counters()
 	}
 	res.End = now
+	if flow != nil {
+		res.Flow = flow.result() // Wait is pooled from the samples by RunSeeds
+	}
 	if outstanding != 0 || res.Completed+res.Dropped+res.NoEndpoint != res.Measured {
 		// Conservation: every measured arrival is completed, dropped or
 		// refused. A mismatch is a simulator bug, never a result.

@@ -1,0 +1,318 @@
+package fleet
+
+import (
+	"fmt"
+	"io"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/wasm-epp/wasm-epp/scheduler"
+	"github.com/wasm-epp/wasm-epp/scheduler/flowcontrol"
+)
+
+// The flow-control benchmark: scenario (a) with the mixed criticality mix
+// at loads past saturation, and a burst scenario, each under today's
+// immediate 429 and the flow-control variant of the same profile.
+
+// FlowBenchConfig configures RunFlowBench.
+type FlowBenchConfig struct {
+	// Base is the profile whose immediate 429 is compared with its
+	// flow-control variant (decision-tree by default).
+	Base PolicySpec
+	// Extra are more profiles measured both ways, to tell what the queue
+	// does from what the profile's own capacity test does.
+	Extra []PolicySpec
+	Flow  flowcontrol.Config
+	// Loads are the overload points (fractions of saturation).
+	Loads []float64
+	// BurstLoad is the base load of the burst scenario, Burst its bursts.
+	BurstLoad float64
+	Burst     Burst
+	// VMLoad is the load of the cross-VM admission comparison with VMs
+	// gateway VMs.
+	VMLoad float64
+	VMs    int
+
+	Seed                   uint64
+	Seeds                  int
+	Warmup, Window, Scrape time.Duration
+	Parallel               int
+	Progress               io.Writer
+}
+
+// DefaultFlowBench is the issue's benchmark.
+func DefaultFlowBench() FlowBenchConfig {
+	return FlowBenchConfig{
+		Loads:     []float64{1.1, 1.3, 1.5},
+		BurstLoad: 0.8,
+		Burst:     Burst{Every: time.Minute, Length: 10 * time.Second, Offset: 30 * time.Second, Factor: 2},
+		VMLoad:    1.1, VMs: 4,
+		Seed: 1, Seeds: 3, Warmup: time.Minute, Window: 5 * time.Minute, Scrape: DefaultScrapeInterval,
+		Parallel: 2,
+	}
+}
+
+// FlowBenchRow is one policy at one point.
+type FlowBenchRow struct {
+	Point  string // "110%", "burst", "4 VMs"
+	Load   float64
+	Policy string
+	Result Result
+	// ServedOfBaseRefused, in the burst rows: of the non-critical requests
+	// the base policy refused, how many this policy completed (by arrival,
+	// same seeds); BaseRefused is their number.
+	ServedOfBaseRefused, BaseRefused int
+}
+
+// FlowReport is what RunFlowBench measured.
+type FlowReport struct {
+	Config   FlowBenchConfig
+	Scenario Scenario
+	Capacity Capacity
+	Rows     []FlowBenchRow
+	Elapsed  time.Duration
+}
+
+// RunFlowBench runs the benchmark.
+func RunFlowBench(cfg FlowBenchConfig) (*FlowReport, error) {
+	if cfg.Base.New == nil {
+		var err error
+		if cfg.Base, err = PolicyByName(scheduler.ProfileDecisionTree); err != nil {
+			return nil, err
+		}
+	}
+	start := time.Now()
+	sc := SeedScenario()
+	sc.Criticality = CriticalityMix{Critical: 0.6, Standard: 0.2, Sheddable: 0.2}
+	capa, err := MeasureCapacity(sc, cfg.Seed)
+	if err != nil {
+		return nil, err
+	}
+	rep := &FlowReport{Config: cfg, Scenario: sc, Capacity: capa}
+	bases := append([]PolicySpec{cfg.Base}, cfg.Extra...)
+	type job struct {
+		row *FlowBenchRow
+		run RunConfig
+	}
+	var jobs []job
+	add := func(point string, load float64, p PolicySpec, mod func(*RunConfig)) {
+		rc := RunConfig{Scenario: sc, Policy: p, Rate: load * capa.FleetRPS, Load: load, Seed: cfg.Seed,
+			Warmup: cfg.Warmup, Window: cfg.Window, ScrapeInterval: cfg.Scrape}
+		if mod != nil {
+			mod(&rc)
+		}
+		rep.Rows = append(rep.Rows, FlowBenchRow{Point: point, Load: load, Policy: p.Name})
+		jobs = append(jobs, job{run: rc})
+	}
+	for _, load := range cfg.Loads {
+		for _, b := range bases {
+			add(pct(load), load, b, nil)
+			add(pct(load), load, FlowPolicySpec(b, cfg.Flow), nil)
+		}
+	}
+	burst := func(rc *RunConfig) { rc.Burst, rc.RecordOutcomes = cfg.Burst, true }
+	for _, b := range bases {
+		add("burst", cfg.BurstLoad, b, burst)
+		add("burst", cfg.BurstLoad, FlowPolicySpec(b, cfg.Flow), burst)
+	}
+	vms := func(rc *RunConfig) { rc.GatewayVMs = cfg.VMs }
+	vmPoint := fmt.Sprintf("%s, %d VMs", pct(cfg.VMLoad), cfg.VMs)
+	flow := FlowPolicySpec(cfg.Base, cfg.Flow)
+	add(vmPoint, cfg.VMLoad, cfg.Base, vms)
+	add(vmPoint, cfg.VMLoad, flow, vms)
+	add(vmPoint, cfg.VMLoad, FlowLocalAdmission(flow), vms)
+	for i := range jobs {
+		jobs[i].row = &rep.Rows[i]
+	}
+
+	var (
+		wg      sync.WaitGroup
+		mu      sync.Mutex
+		firstEr error
+		work    = make(chan job)
+	)
+	for range max(cfg.Parallel, 1) {
+		wg.Go(func() {
+			for j := range work {
+				r, err := RunSeeds(j.run, max(cfg.Seeds, 1))
+				mu.Lock()
+				if err != nil && firstEr == nil {
+					firstEr = err
+				}
+				j.row.Result = r
+				if cfg.Progress != nil {
+					fmt.Fprintf(cfg.Progress, "flowbench: %s %s done\n", j.row.Point, j.row.Policy)
+				}
+				mu.Unlock()
+			}
+		})
+	}
+	for _, j := range jobs {
+		work <- j
+	}
+	close(work)
+	wg.Wait()
+	if firstEr != nil {
+		return nil, firstEr
+	}
+	// Burst rows: compare request by request with the base policy's run.
+	for i := range rep.Rows {
+		row := &rep.Rows[i]
+		if row.Point != "burst" {
+			continue
+		}
+		base := rep.find("burst", strings.TrimSuffix(row.Policy, FlowSuffix))
+		if base == nil {
+			continue
+		}
+		row.BaseRefused, row.ServedOfBaseRefused = servedOf(base.Result.Outcomes, row.Result.Outcomes)
+	}
+	rep.Elapsed = time.Since(start)
+	return rep, nil
+}
+
+// servedOf counts the arrivals refused in base and how many of them
+// completed in other (the same arrivals in the same order). Critical
+// requests are never refused, so every refusal is non-critical.
+func servedOf(base, other []ArrivalOutcome) (refused, served int) {
+	for i, o := range base {
+		if o != OutcomeRefused || i >= len(other) {
+			continue
+		}
+		refused++
+		if other[i] == OutcomeCompleted {
+			served++
+		}
+	}
+	return refused, served
+}
+
+func (r *FlowReport) find(point, policy string) *FlowBenchRow {
+	for i := range r.Rows {
+		if r.Rows[i].Point == point && r.Rows[i].Policy == policy {
+			return &r.Rows[i]
+		}
+	}
+	return nil
+}
+
+func pct(load float64) string { return fmt.Sprintf("%.0f%%", 100*load) }
+
+// refusedShare is the fraction of measured non-critical requests refused.
+func refusedShare(r *Result) float64 {
+	nc := r.NonCritical()
+	if nc.Measured == 0 {
+		return 0
+	}
+	return float64(nc.Refused) / float64(nc.Measured)
+}
+
+// minRefusedShare is the least share of non-critical requests any gateway
+// must refuse at load when critical requests are all served: what exceeds
+// saturation throughput cannot be served, however it is queued.
+func (r *FlowReport) minRefusedShare(load float64) float64 {
+	mix := r.Scenario.Criticality
+	total := mix.Critical + mix.Standard + mix.Sheddable
+	offered := load * r.Capacity.FleetRPS
+	crit := offered * mix.Critical / total
+	nonCrit := offered - crit
+	room := max(r.Capacity.FleetRPS-crit, 0)
+	if nonCrit <= room {
+		return 0
+	}
+	return (nonCrit - room) / nonCrit
+}
+
+// Markdown writes the report.
+func (r *FlowReport) Markdown(w io.Writer, command string) {
+	c := r.Config
+	fmt.Fprintf(w, "# Flow control in the fleet simulation\n\n")
+	fmt.Fprintf(w, "Generated by `%s` (deterministic: the same command gives the same numbers; virtual time, so the shared machine does not change them).\n\n", command)
+	fmt.Fprintf(w, "Scenario (a): %s; criticality mix %s. Fleet saturation %.1f req/s (replica %.1f req/s). Seeds %d..%d pooled per row; %v warmup, %v window, scrapes every %v. ",
+		r.Scenario.Title, r.Scenario.Criticality, r.Capacity.FleetRPS, r.Capacity.Replica.RequestsPerSecond, c.Seed, c.Seed+uint64(max(c.Seeds, 1))-1, c.Warmup, c.Window, c.Scrape)
+	fc := c.Flow.WithDefaults()
+	fmt.Fprintf(w, "Flow control: the plugin's queue (scheduler/flowcontrol) per gateway VM, %d requests / %d MiB, TTL %v, released every %v; `X%s` is policy X with it, X's own 429 otherwise.\n\n",
+		fc.MaxRequests, fc.MaxBytes>>20, fc.TTL, fc.ReleaseInterval, FlowSuffix)
+	fmt.Fprintf(w, "Refused = answered 429 (at once, queue full, or expired in the queue). TTFT of a request that waited counts its wait.\n\n")
+
+	fmt.Fprintf(w, "## Overload\n\n")
+	fmt.Fprintf(w, "| load | policy | non-critical refused | vs today | least possible | critical TTFT p50 / p90 | critical p90 vs today | standard / sheddable TTFT p90 | req/s | queued / released / expired | wait p90 |\n")
+	fmt.Fprintf(w, "|---|---|---:|---:|---:|---|---:|---:|---:|---|---:|\n")
+	for _, row := range r.Rows {
+		if row.Point == "burst" || strings.Contains(row.Point, "VMs") {
+			continue
+		}
+		base := r.find(row.Point, strings.TrimSuffix(row.Policy, FlowSuffix))
+		res := &row.Result
+		nc := res.NonCritical()
+		fmt.Fprintf(w, "| %s | %s | %d (%.1f%%) | %s | %.1f%% | %s / %s | %s | %s | %.1f | %d / %d / %d | %s |\n",
+			row.Point, row.Policy, nc.Refused, 100*refusedShare(res), ratioFewer(base, &row), 100*r.minRefusedShare(row.Load),
+			dur(res.Classes[scheduler.Critical].TTFT.P50), dur(res.Classes[scheduler.Critical].TTFT.P90), ratioWorse(base, &row),
+			dur(res.Classes[scheduler.Standard].TTFT.P90)+" / "+dur(res.Classes[scheduler.Sheddable].TTFT.P90), res.ThroughputRPS, res.Flow.Queued, res.Flow.Released, res.Flow.Expired, dur(res.Flow.Wait.P90))
+	}
+	fmt.Fprintf(w, "\n\"least possible\" is the share no gateway can avoid refusing: the non-critical load beyond what saturation throughput leaves after every critical request (%.1f req/s at saturation).\n\n", r.Capacity.FleetRPS)
+
+	fmt.Fprintf(w, "## Burst: %s base load, %.0f× the rate for %v every %v\n\n", pct(c.BurstLoad), c.Burst.Factor, c.Burst.Length, c.Burst.Every)
+	fmt.Fprintf(w, "| policy | non-critical refused | critical TTFT p50 / p90 | of today's refused, served within TTL | queued / released / expired | wait p90 |\n|---|---:|---|---:|---|---:|\n")
+	for _, row := range r.Rows {
+		if row.Point != "burst" {
+			continue
+		}
+		res := &row.Result
+		served := "—"
+		if row.BaseRefused > 0 && strings.HasSuffix(row.Policy, FlowSuffix) {
+			served = fmt.Sprintf("%d of %d (%.1f%%)", row.ServedOfBaseRefused, row.BaseRefused, 100*float64(row.ServedOfBaseRefused)/float64(row.BaseRefused))
+		}
+		fmt.Fprintf(w, "| %s | %d (%.1f%%) | %s / %s | %s | %d / %d / %d | %s |\n", row.Policy, res.NonCritical().Refused, 100*refusedShare(res),
+			dur(res.Classes[scheduler.Critical].TTFT.P50), dur(res.Classes[scheduler.Critical].TTFT.P90), served,
+			res.Flow.Queued, res.Flow.Released, res.Flow.Expired, dur(res.Flow.Wait.P90))
+	}
+	fmt.Fprintf(w, "\nA request released from the queue waited less than its TTL by construction, so \"served within TTL\" counts the requests today's 429 refused that this run completed (same arrivals, matched by arrival order).\n\n")
+
+	fmt.Fprintf(w, "## Cross-VM admission: %s load, %d gateway VMs\n\n", pct(c.VMLoad), c.VMs)
+	fmt.Fprintf(w, "Each VM has its own queue and snapshot copy; `%s` shares admissions through one CAS record (the plugin's), `%s` counts only its own.\n\n", FlowSuffix, FlowSuffix+LocalAdmissionSuffix)
+	fmt.Fprintf(w, "| policy | non-critical refused | critical TTFT p50 / p90 | released | released onto a replica already over the waiting limit | CAS contention put-offs |\n|---|---:|---|---:|---:|---:|\n")
+	for _, row := range r.Rows {
+		if !strings.Contains(row.Point, "VMs") {
+			continue
+		}
+		res := &row.Result
+		over := "—"
+		if res.Flow.Released > 0 {
+			over = fmt.Sprintf("%d (%.1f%%)", res.Flow.OverThreshold, 100*float64(res.Flow.OverThreshold)/float64(res.Flow.Released))
+		}
+		fmt.Fprintf(w, "| %s | %d (%.1f%%) | %s / %s | %d | %s | %d |\n", row.Policy, res.NonCritical().Refused, 100*refusedShare(res),
+			dur(res.Classes[scheduler.Critical].TTFT.P50), dur(res.Classes[scheduler.Critical].TTFT.P90), res.Flow.Released, over, res.Flow.Contention)
+	}
+	fmt.Fprintf(w, "\n(%d runs in %.0f s of wall time.)\n", len(r.Rows)*max(c.Seeds, 1), r.Elapsed.Seconds())
+}
+
+func ratioFewer(base, row *FlowBenchRow) string {
+	if base == nil || base.Policy == row.Policy {
+		return "today"
+	}
+	b, f := base.Result.NonCritical().Refused, row.Result.NonCritical().Refused
+	if f == 0 {
+		return "∞×"
+	}
+	return fmt.Sprintf("%.2f× fewer", float64(b)/float64(f))
+}
+
+func ratioWorse(base, row *FlowBenchRow) string {
+	if base == nil || base.Policy == row.Policy {
+		return "—"
+	}
+	b, f := base.Result.Classes[scheduler.Critical].TTFT.P90, row.Result.Classes[scheduler.Critical].TTFT.P90
+	if b == 0 {
+		return "—"
+	}
+	return fmt.Sprintf("%+.1f%%", 100*(float64(f)/float64(b)-1))
+}
+
+func dur(d time.Duration) string {
+	if d >= 10*time.Second {
+		return fmt.Sprintf("%.1f s", d.Seconds())
+	}
+	return fmt.Sprintf("%.0f ms", float64(d)/float64(time.Millisecond))
+}
