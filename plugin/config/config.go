@@ -20,6 +20,7 @@ import (
 
 	"github.com/wasm-epp/wasm-epp/internal/strictjson"
 	"github.com/wasm-epp/wasm-epp/scheduler"
+	"github.com/wasm-epp/wasm-epp/scheduler/flowcontrol"
 	"github.com/wasm-epp/wasm-epp/scheduler/wire"
 )
 
@@ -108,6 +109,15 @@ type Config struct {
 	ServedByHeader string `json:"servedByHeader,omitempty"`
 
 	Receiver Receiver `json:"receiver,omitempty"`
+
+	// FlowControl, when present (even as {}), holds Standard and Sheddable
+	// requests that find no endpoint with capacity instead of refusing
+	// them; decoded by the flowcontrol package (flowcontrol.Config
+	// documents it). Absent or null: off, every such request gets 429.
+	FlowControl json.RawMessage `json:"flowControl,omitempty"`
+	// FlowControlConfig is FlowControl decoded with its defaults; nil when
+	// flow control is off.
+	FlowControlConfig *flowcontrol.Config `json:"-"`
 
 	// Seed, when set, seeds every random choice of the plugin (weighted
 	// target draws, the scheduler's tie breaks, fail-open picks) so tests
@@ -205,7 +215,34 @@ func Decode(data []byte) (*Config, error) {
 	if err := cfg.decodeScheduler(); err != nil {
 		return nil, err
 	}
+	if err := cfg.decodeFlowControl(); err != nil {
+		return nil, err
+	}
 	return cfg, nil
+}
+
+// decodeFlowControl decodes the "flowControl" section, if any, with paths
+// under "flowControl".
+func (c *Config) decodeFlowControl() error {
+	if raw := bytes.TrimSpace(c.FlowControl); len(raw) == 0 || string(raw) == "null" {
+		return nil
+	}
+	fc, err := flowcontrol.DecodeConfig(c.FlowControl)
+	if err != nil {
+		err = scheduler.PrefixError("flowControl", err)
+		var ce *scheduler.ConfigError
+		if errors.As(err, &ce) {
+			return &Error{Path: ce.Path, Msg: ce.Msg}
+		}
+		return &Error{Path: "flowControl", Msg: err.Error()}
+	}
+	for _, h := range []struct{ field, name string }{{"ttlHeader", fc.TTLHeader}, {"flowHeader", fc.FlowHeader}} {
+		if h.name == c.DestinationHeader {
+			return &Error{Path: "flowControl." + h.field, Msg: fmt.Sprintf("%q is the destination header, which the filter removes from every request", h.name)}
+		}
+	}
+	c.FlowControlConfig = &fc
+	return nil
 }
 
 // decodeScheduler decodes the "scheduler" section and builds a throwaway
@@ -423,3 +460,8 @@ func (c *Config) SnapshotKey() string { return wire.SnapshotKey(c.SharedDataKeyP
 // and decode SnapshotKey only when it changed; receivers write it after every
 // successful merge. It is an opaque token: compare for equality only.
 func (c *Config) SnapshotVersionKey() string { return c.SnapshotKey() + ".version" }
+
+// AdmissionKey is the shared-data key of flow control's admission record
+// (flowcontrol.Admission): the requests every worker VM released to each
+// endpoint since the current snapshot.
+func (c *Config) AdmissionKey() string { return c.SharedDataKeyPrefix + "v2.admit" }

@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/wasm-epp/wasm-epp/scheduler"
+	"github.com/wasm-epp/wasm-epp/scheduler/flowcontrol"
 )
 
 func TestDecodeDefaults(t *testing.T) {
@@ -55,6 +56,24 @@ func TestDecodeFull(t *testing.T) {
 	assert.JSONEq(t, `{"profile": "scoring"}`, string(cfg.Scheduler))
 	assert.Equal(t, 8000, cfg.TargetPort)
 	assert.Equal(t, "/push", cfg.Receiver.Path)
+}
+
+func TestDecodeFlowControl(t *testing.T) {
+	for _, doc := range []string{`{}`, `{"flowControl": null}`} {
+		cfg, err := Decode([]byte(doc))
+		require.NoError(t, err)
+		assert.Nil(t, cfg.FlowControlConfig, "%s: flow control is off unless configured", doc)
+	}
+	cfg, err := Decode([]byte(`{"flowControl": {}}`))
+	require.NoError(t, err)
+	require.NotNil(t, cfg.FlowControlConfig)
+	assert.Equal(t, flowcontrol.Config{}.WithDefaults(), *cfg.FlowControlConfig)
+	cfg, err = Decode([]byte(`{"sharedDataKeyPrefix": "p.", "flowControl": {"maxRequests": 7, "ttl": "3s", "flowHeader": "x-tenant"}}`))
+	require.NoError(t, err)
+	assert.Equal(t, 7, cfg.FlowControlConfig.MaxRequests)
+	assert.Equal(t, 3*time.Second, cfg.FlowControlConfig.TTL)
+	assert.Equal(t, "x-tenant", cfg.FlowControlConfig.FlowHeader)
+	assert.Equal(t, "p.v2.admit", cfg.AdmissionKey())
 }
 
 func TestDecodeSchedulerAndSeed(t *testing.T) {
@@ -143,6 +162,12 @@ func TestDecodeErrors(t *testing.T) {
 		{"count routed type", `{"scheduler": {"countRoutedSinceSnapshot": "yes"}}`, "scheduler.countRoutedSinceSnapshot: expected a boolean"},
 		{"count routed at top level", `{"countRoutedSinceSnapshot": true}`, `unknown field "countRoutedSinceSnapshot"`},
 		{"seed", `{"seed": -1}`, "plugin configuration: seed: expected a non-negative integer, got JSON number -1"},
+		{"flow field", `{"flowControl": {"maxRequest": 5}}`, `flowControl: unknown field "maxRequest"`},
+		{"flow bound", `{"flowControl": {"maxRequests": 0.5}}`, "flowControl.maxRequests"},
+		{"flow ttl", `{"flowControl": {"ttl": "2h"}}`, "flowControl.ttl: must be in (0, 1h0m0s]"},
+		{"flow header", `{"flowControl": {"flowHeader": "X-Tenant"}}`, "flowControl.flowHeader"},
+		{"flow header is destination", `{"flowControl": {"flowHeader": "x-gateway-destination-endpoint"}}`, "flowControl.flowHeader: \"x-gateway-destination-endpoint\" is the destination header"},
+		{"flow not object", `{"flowControl": true}`, "flowControl"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
