@@ -26,7 +26,7 @@
 // not normally contain):
 //
 //	tools        FS(0x1C) + the tools value without insignificant whitespace
-//	each message RS(0x1E) role US(0x1F) [name US(0x1F)] parts [SUB(0x1A) tool_calls] [EM(0x19) tool_call_id]
+//	each message RS(0x1E) role US(0x1F) parts [US(0x1F) name] [SUB(0x1A) tool_calls] [EM(0x19) tool_call_id]
 //	parts        a string content is one text part; parts are joined by GS(0x1D);
 //	             a text part is its decoded text; any other part (image_url,
 //	             input_audio, ...) is FS(0x1C) + the part object without

@@ -396,18 +396,42 @@ type span struct{ start, end int }
 
 var absent = span{-1, -1}
 
-// writeMessage renders the message object at doc[i] == '{'.
+// writeMessage renders the message object at doc[i] == '{'. When "role"
+// comes before "content" (as clients write them) the content is rendered
+// in the same pass that finds it; otherwise its span is kept and rendered
+// after the loop.
 func (h *Hasher) writeMessage(doc []byte, i int) (int, error) {
 	role, name, content, toolCalls, toolID := absent, absent, absent, absent, absent
+	rendered := false
 	it := newMembers(doc, i)
-	for key, v, ok := it.next(); ok; key, v, ok = it.next() {
+	for key, start, ok := it.next(); ok; key, start, ok = it.next() {
+		if string(key) == "content" && role.start >= 0 && !rendered {
+			if err := h.writeHead(doc, role); err != nil {
+				return 0, err
+			}
+			end, err := h.writeContent(doc, start)
+			if err != nil {
+				return 0, err
+			}
+			it.consumed(end)
+			rendered = true
+			continue
+		}
+		v, ok := it.value()
+		if !ok {
+			break
+		}
 		switch string(key) {
 		case "role":
-			role = v
+			if !rendered {
+				role = v
+			}
 		case "name":
 			name = v
 		case "content":
-			content = v
+			if !rendered {
+				content = v
+			}
 		case "tool_calls":
 			toolCalls = v
 		case "tool_call_id":
@@ -417,23 +441,19 @@ func (h *Hasher) writeMessage(doc []byte, i int) (int, error) {
 	if it.err != nil {
 		return 0, it.err
 	}
-	end := it.end
-	if role.start < 0 || doc[role.start] != '"' {
-		return 0, ErrMessageShape
-	}
-	_ = h.WriteByte(markMessage)
-	if _, err := h.writeString(doc, role.start); err != nil {
-		return 0, err
-	}
-	_ = h.WriteByte(markField)
-	if name.start >= 0 && doc[name.start] == '"' {
-		if _, err := h.writeString(doc, name.start); err != nil {
+	if !rendered {
+		if err := h.writeHead(doc, role); err != nil {
 			return 0, err
 		}
-		_ = h.WriteByte(markField)
+		if content.start >= 0 {
+			if _, err := h.writeContent(doc, content.start); err != nil {
+				return 0, err
+			}
+		}
 	}
-	if content.start >= 0 {
-		if err := h.writeContent(doc, content.start); err != nil {
+	if name.start >= 0 && doc[name.start] == '"' {
+		_ = h.WriteByte(markField)
+		if _, err := h.writeString(doc, name.start); err != nil {
 			return 0, err
 		}
 	}
@@ -449,38 +469,51 @@ func (h *Hasher) writeMessage(doc []byte, i int) (int, error) {
 			return 0, err
 		}
 	}
-	return end, nil
+	return it.end, nil
 }
 
-// writeContent renders a message's content value at doc[i].
-func (h *Hasher) writeContent(doc []byte, i int) error {
+// writeHead writes a message's start and role (a string, else the message
+// is malformed).
+func (h *Hasher) writeHead(doc []byte, role span) error {
+	if role.start < 0 || doc[role.start] != '"' {
+		return ErrMessageShape
+	}
+	_ = h.WriteByte(markMessage)
+	if _, err := h.writeString(doc, role.start); err != nil {
+		return err
+	}
+	return h.WriteByte(markField)
+}
+
+// writeContent renders a message's content value at doc[i] and returns
+// the offset past it.
+func (h *Hasher) writeContent(doc []byte, i int) (int, error) {
 	switch doc[i] {
 	case 'n': // null: no content (an assistant message with tool calls)
-		return nil
+		return skipValue(doc, i)
 	case '"':
-		_, err := h.writeString(doc, i)
-		return err
+		return h.writeString(doc, i)
 	case '[':
 	default:
-		return ErrMessageShape
+		return 0, ErrMessageShape
 	}
 	i++
 	first := true
 	for {
 		i = skipSpace(doc, i)
 		if i >= len(doc) {
-			return errTruncated
+			return 0, errTruncated
 		}
 		c := doc[i]
 		switch c {
 		case ']':
-			return nil
+			return i + 1, nil
 		case ',':
 			i++
 			continue
 		case '"', '{':
 		default:
-			return ErrMessageShape
+			return 0, ErrMessageShape
 		}
 		if !first {
 			_ = h.WriteByte(markPart)
@@ -493,7 +526,7 @@ func (h *Hasher) writeContent(doc []byte, i int) error {
 			i, err = h.writePart(doc, i)
 		}
 		if err != nil {
-			return err
+			return 0, err
 		}
 	}
 }
@@ -503,7 +536,11 @@ func (h *Hasher) writeContent(doc []byte, i int) error {
 func (h *Hasher) writePart(doc []byte, i int) (int, error) {
 	typ, text := absent, absent
 	it := newMembers(doc, i)
-	for key, v, ok := it.next(); ok; key, v, ok = it.next() {
+	for key, _, ok := it.next(); ok; key, _, ok = it.next() {
+		v, ok := it.value()
+		if !ok {
+			break
+		}
 		switch string(key) {
 		case "type":
 			typ = v

@@ -114,7 +114,8 @@ func TestChatRenderingIsCanonical(t *testing.T) {
 		{"role", `[{"role":"user","content":` + jsonString(sys) + `},{"role":"user","content":"List the tables, please."}]`},
 		{"message boundary", `[{"role":"system","content":` + jsonString(sys+"List") + `},{"role":"user","content":" the tables, please."}]`},
 		{"two parts", `[{"role":"system","content":` + jsonString(sys) + `},{"role":"user","content":[{"type":"text","text":"List the tables,"},{"type":"text","text":" please."}]}]`},
-		{"name", `[{"role":"system","content":` + jsonString(sys) + `},{"role":"user","name":"ann","content":"List the tables, please."}]`},
+		{"name", `[{"role":"system","name":"ann","content":` + jsonString(sys) + `},{"role":"user","content":"List the tables, please."}]`},
+		{"content before role", `[{"content":` + jsonString(sys) + `,"role":"user"},{"role":"user","content":"List the tables, please."}]`},
 	}
 	for _, c := range differ {
 		got := chatBlocks(t, h, "m", c.messages)
@@ -281,7 +282,7 @@ func BenchmarkHashMessages(b *testing.B) {
 					b.Fatal(err)
 				}
 			}
-			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N)/(float64(len(msgs))/1024), "ns/KiB")
+			reportPerKiB(b, len(msgs))
 		})
 	}
 }
@@ -298,7 +299,12 @@ func BenchmarkHashPrompt(b *testing.B) {
 					b.Fatal(err)
 				}
 			}
-			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N)/(float64(len(p))/1024), "ns/KiB")
+			reportPerKiB(b, len(p))
 		})
 	}
+}
+
+// reportPerKiB reports nanoseconds per KiB of input.
+func reportPerKiB(b *testing.B, size int) {
+	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N)/(float64(size)/1024), "ns/KiB")
 }

@@ -116,9 +116,11 @@ func skipValue(doc []byte, i int) (int, error) {
 }
 
 // members iterates over the members of the object at doc[i] == '{'
-// (newMembers). Each key is decoded when short and escaped; a longer key
-// is passed raw (no field of interest is that long). After the loop, err
-// is the first problem, or end is the offset past the object.
+// (newMembers). next returns each key (decoded when short and escaped; a
+// longer key is passed raw: no field of interest is that long) and where
+// its value starts; the caller then either calls value, or consumes the
+// value itself and calls consumed with the offset past it. After the loop,
+// err is the first problem, or end is the offset past the object.
 type members struct {
 	doc  []byte
 	i    int
@@ -129,30 +131,30 @@ type members struct {
 
 func newMembers(doc []byte, i int) members { return members{doc: doc, i: i + 1} }
 
-func (m *members) next() (key []byte, v span, ok bool) {
+func (m *members) next() (key []byte, start int, ok bool) {
 	doc := m.doc
 	for {
 		m.i = skipSpace(doc, m.i)
 		if m.i >= len(doc) {
 			m.err = errTruncated
-			return nil, span{}, false
+			return nil, 0, false
 		}
 		switch doc[m.i] {
 		case '}':
 			m.end = m.i + 1
-			return nil, span{}, false
+			return nil, 0, false
 		case ',':
 			m.i++
 			continue
 		case '"':
 		default:
 			m.err = ErrMessageShape
-			return nil, span{}, false
+			return nil, 0, false
 		}
 		kend, err := skipString(doc, m.i)
 		if err != nil {
 			m.err = err
-			return nil, span{}, false
+			return nil, 0, false
 		}
 		key = doc[m.i+1 : kend-1]
 		if dec, ok := decodeSmall(doc[m.i:kend], m.kbuf[:0]); ok {
@@ -161,18 +163,32 @@ func (m *members) next() (key []byte, v span, ok bool) {
 		i := skipSpace(doc, kend)
 		if i >= len(doc) || doc[i] != ':' {
 			m.err = errTruncated
-			return nil, span{}, false
+			return nil, 0, false
 		}
 		i = skipSpace(doc, i+1)
-		vend, err := skipValue(doc, i)
-		if err != nil {
-			m.err = err
-			return nil, span{}, false
+		if i >= len(doc) {
+			m.err = errTruncated
+			return nil, 0, false
 		}
-		m.i = vend
-		return key, span{i, vend}, true
+		m.i = i
+		return key, i, true
 	}
 }
+
+// value skips the current member's value and returns its span.
+func (m *members) value() (span, bool) {
+	end, err := skipValue(m.doc, m.i)
+	if err != nil {
+		m.err = err
+		return span{}, false
+	}
+	v := span{m.i, end}
+	m.i = end
+	return v, true
+}
+
+// consumed moves past a value the caller read itself.
+func (m *members) consumed(end int) { m.i = end }
 
 // decodeSmall decodes the JSON string token tok into dst (capacity 64)
 // when it has escapes and decodes to at most 64 bytes; ok is false
