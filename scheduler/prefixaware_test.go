@@ -232,3 +232,30 @@ func TestPrefixAwareAllocatesNothing(t *testing.T) {
 	})
 	assert.Zero(t, n)
 }
+
+func TestPrefixConfig(t *testing.T) {
+	c, err := DecodePrefixConfig(nil)
+	require.NoError(t, err)
+	assert.Equal(t, DefaultPrefixConfig(), c)
+	c, err = DecodePrefixConfig([]byte(`{"blockBytes": 128, "index": {"maxEntries": 4096, "bucketEntries": 8}, "shared": false, "syncInterval": "20ms"}`))
+	require.NoError(t, err)
+	assert.Equal(t, 128, c.Hash.BlockBytes)
+	assert.Equal(t, 4096, c.Index.MaxEntries)
+	assert.False(t, c.Shared)
+	assert.Equal(t, 20*time.Millisecond, c.SyncInterval)
+	for doc, msg := range map[string]string{
+		`{"blockBytes": 3}`:                  "blockBytes: blockBytes must be in [8, 4096], got 3",
+		`{"maxBlocks": -1}`:                  "maxBlocks: maxBlocks must be in [1, 1048576], got -1",
+		`{"syncInterval": "fast"}`:           `syncInterval: "fast": want a duration from 1ms to 10s, like "50ms"`,
+		`{"index": {"bucketEntries": 5000}}`: "index: bucketEntries must be in [1, 1024], got 5000",
+		`{"index": {"maxBytes": 10}}`:        "index: maxBytes 10 holds no bucket",
+		`{"index": {"extra": 1}}`:            `index: unknown field "extra"`,
+		`{"blocks": 1}`:                      `unknown field "blocks"`,
+	} {
+		_, err := DecodePrefixConfig([]byte(doc))
+		require.Error(t, err, doc)
+		assert.Contains(t, err.Error(), msg, doc)
+	}
+	assert.True(t, newScheduler(t, `{"profile": "prefix-aware"}`, seeded(1)).UsesPrefix())
+	assert.False(t, newScheduler(t, `{"profile": "scoring"}`, seeded(1)).UsesPrefix())
+}
