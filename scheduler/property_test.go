@@ -2,6 +2,7 @@ package scheduler
 
 import (
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"testing"
 
@@ -59,14 +60,37 @@ func randomSnapshot(r *rand.Rand, n int) *Snapshot {
 	return snap
 }
 
+// sheddableFits is the seed's "has capacity for sheddable requests" written
+// out from its published numbers — a waiting queue of at most 5 and KV-cache
+// use of at most 80 % — rather than through HasCapacityFilter and its
+// defaults, which are the code under test. A NaN KV use compares false, as
+// in the seed's Go, so it never fits.
+func sheddableFits(m Metrics) bool { return m.WaitingQueueSize <= 5 && m.KVCacheUsage <= 0.8 }
+
+// onCapacityBoundaries moves some endpoints' queue and KV use onto the
+// values where "has capacity" flips (queue 5 or 6; KV exactly 0.8, just
+// above it, 0, 1 or NaN), which uniform draws almost never hit.
+func onCapacityBoundaries(r *rand.Rand, snap *Snapshot) {
+	kvs := []float64{0, 0.8, math.Nextafter(0.8, 1), 1, math.NaN()}
+	for i := range snap.Endpoints {
+		m := &snap.Endpoints[i].Metrics
+		if r.IntN(3) == 0 {
+			m.WaitingQueueSize = 5 + r.IntN(2)
+		}
+		if r.IntN(3) == 0 {
+			m.KVCacheUsage = kvs[r.IntN(len(kvs))]
+		}
+	}
+}
+
 func hasAdapter(e *Endpoint, model string) bool {
 	return e.Metrics.HasActiveModel(model) || e.Metrics.HasWaitingModel(model)
 }
 
 // TestProperties checks invariants over seeded random snapshots for every
-// built-in profile.
+// built-in profile. The shedding invariants are judged by sheddableFits, an
+// oracle independent of the filters that decide.
 func TestProperties(t *testing.T) {
-	capacity := HasCapacityFilter{QueueThreshold: DefaultQueueThresholdCritical, KVCacheThreshold: DefaultKVCacheThreshold}
 	for _, profile := range []string{"decision-tree", "scoring", "random", "round-robin", "least-request"} {
 		t.Run(profile, func(t *testing.T) {
 			s := newScheduler(t, `{"profile": "`+profile+`"}`, seeded(11))
@@ -75,9 +99,15 @@ func TestProperties(t *testing.T) {
 				paths[p] = true
 			}
 			r := newRand(2)
+			var routedOnBoundary, dropped, routedFit int
 			for iter := range 3000 {
 				snap := randomSnapshot(r, r.IntN(24))
+				onCapacityBoundaries(r, snap)
 				req := &Request{Model: adapterName(r.IntN(10)), Criticality: Criticality(r.IntN(3))}
+				anyFits := false
+				for i := range snap.Endpoints {
+					anyFits = anyFits || sheddableFits(snap.Endpoints[i].Metrics)
+				}
 				res := s.Schedule(req, snap)
 				require.True(t, paths[res.Path], "iteration %d: path %q not listed", iter, res.Path)
 				if len(snap.Endpoints) == 0 {
@@ -88,18 +118,28 @@ func TestProperties(t *testing.T) {
 				case Routed:
 					assertChosen(t, snap, res)
 					if sheds(profile) && req.Criticality != Critical {
-						require.True(t, capacity.hasCapacity(res.Endpoint),
-							"iteration %d: %v request placed on %+v without capacity", iter, req.Criticality, res.Endpoint.Metrics)
+						m := res.Endpoint.Metrics
+						require.True(t, sheddableFits(m),
+							"iteration %d: %v request placed on %+v without capacity", iter, req.Criticality, m)
+						routedFit++
+						if m.WaitingQueueSize == 5 || m.KVCacheUsage == 0.8 {
+							routedOnBoundary++
+						}
 					}
 				case Dropped:
 					require.True(t, sheds(profile))
 					require.NotEqual(t, Critical, req.Criticality, "critical requests are never dropped")
-					for i := range snap.Endpoints {
-						require.False(t, capacity.hasCapacity(&snap.Endpoints[i]), "dropped although an endpoint had capacity")
-					}
+					require.False(t, anyFits, "iteration %d: dropped although an endpoint had capacity", iter)
+					dropped++
 				default:
 					t.Fatalf("iteration %d: unexpected outcome %v on a non-empty snapshot", iter, res.Outcome)
 				}
+			}
+			if sheds(profile) {
+				// The draws must reach both sides of the boundary.
+				assert.Greater(t, routedOnBoundary, 50, "non-critical requests routed onto an endpoint exactly at a threshold")
+				assert.Greater(t, dropped, 50, "non-critical requests dropped")
+				assert.Greater(t, routedFit, 500, "non-critical requests routed")
 			}
 		})
 	}
@@ -115,7 +155,6 @@ func sheds(profile string) bool { return profile == "decision-tree" || profile =
 func TestPropertyAffinityThresholdOne(t *testing.T) {
 	s := newScheduler(t, `{"profile": "strict", "plugins": [{"type": "decision-tree-filter", "name": "tree", "parameters": {"loraAffinityThreshold": 1}}],
 		"profiles": {"strict": {"filters": ["tree"], "picker": "random-picker"}}}`, seeded(4))
-	capacity := HasCapacityFilter{QueueThreshold: DefaultQueueThresholdCritical, KVCacheThreshold: DefaultKVCacheThreshold}
 	r := newRand(3)
 	checked := 0
 	for iter := range 5000 {
@@ -128,7 +167,7 @@ func TestPropertyAffinityThresholdOne(t *testing.T) {
 		eligible := false
 		for i := range snap.Endpoints {
 			e := &snap.Endpoints[i]
-			if hasAdapter(e, req.Model) && (req.Criticality == Critical || capacity.hasCapacity(e)) {
+			if hasAdapter(e, req.Model) && (req.Criticality == Critical || sheddableFits(e.Metrics)) {
 				eligible = true
 			}
 		}
