@@ -63,6 +63,11 @@ type Config struct {
 	// WorkDir receives the rendered bootstrap, the token file and one log
 	// per process. Default: a new temporary directory, removed by Stop.
 	WorkDir string
+	// Gateways is the number of gateway processes (default 1). Each gets
+	// its own copy of the bootstrap with its own free ports (so every
+	// address must have port 0 when there are several); the agent pushes
+	// to all of them, as it pushes to every Envoy replica of a cluster.
+	Gateways int
 
 	// Replicas is the number of vllm-sim processes (may be 0 when
 	// ExtraTargets stand in for them).
@@ -111,6 +116,14 @@ type Config struct {
 	Logf func(format string, args ...any)
 }
 
+// gatewayCopy is one gateway process and its rendered bootstrap.
+type gatewayCopy struct {
+	name      string
+	bootstrap string
+	info      *BootstrapInfo
+	proc      *Process // guarded by Stack.mu
+}
+
 // Replica is one simulated vLLM replica.
 type Replica struct {
 	Name string // sent by vllm-sim in its x-vllm-sim-replica header
@@ -129,8 +142,9 @@ func (r *Replica) Process() *Process { return r.proc }
 type Stack struct {
 	cfg       Config
 	gateway   Gateway
-	bootstrap string // rendered bootstrap path
-	info      *BootstrapInfo
+	gateways  []*gatewayCopy // [0] is the one Info, ClientURL, ... describe
+	bootstrap string         // gateways[0].bootstrap
+	info      *BootstrapInfo // gateways[0].info
 	tokenFile string
 	ownsDir   bool
 	replicas  []*Replica
@@ -138,7 +152,6 @@ type Stack struct {
 	mu        sync.Mutex
 	agent     *Process
 	agentAddr string
-	gw        *Process
 	stopped   bool
 	failed    chan *ExitError
 	watch     sync.WaitGroup
@@ -175,8 +188,10 @@ func Start(ctx context.Context, cfg Config) (s *Stack, err error) {
 	if s.gateway, err = s.chooseGateway(); err != nil {
 		return s, err
 	}
-	if err = s.renderBootstrap(); err != nil {
-		return s, err
+	for i := range s.cfg.Gateways {
+		if err = s.renderBootstrap(i); err != nil {
+			return s, err
+		}
 	}
 	s.tokenFile = filepath.Join(s.cfg.WorkDir, "push-token")
 	if err = os.WriteFile(s.tokenFile, []byte(s.cfg.Token+"\n"), 0o600); err != nil {
@@ -185,8 +200,10 @@ func Start(ctx context.Context, cfg Config) (s *Stack, err error) {
 	if err = s.startReplicas(ctx); err != nil {
 		return s, err
 	}
-	if err = s.startGateway(ctx); err != nil {
-		return s, err
+	for i := range s.gateways {
+		if err = s.StartGateway(ctx, i); err != nil {
+			return s, err
+		}
 	}
 	if !s.cfg.NoAgent {
 		if err = s.StartAgent(ctx); err != nil {
@@ -234,6 +251,19 @@ func (c *Config) defaults() error {
 		}
 		c.Token = hex.EncodeToString(b)
 	}
+	if c.Gateways == 0 {
+		c.Gateways = 1
+	}
+	if c.Gateways < 0 {
+		return errors.New("stack: Gateways must be >= 1")
+	}
+	if c.Gateways > 1 {
+		for _, a := range append([]string{c.ClientAddr, c.PushAddr, c.AdminAddr}, routerAddrs(c.ExtraRouters)...) {
+			if _, port, err := net.SplitHostPort(a); err != nil || port != "0" {
+				return fmt.Errorf("stack: %d gateways need every listener and admin address with port 0, got %q", c.Gateways, a)
+			}
+		}
+	}
 	if c.Replicas < 0 || (c.Replicas == 0 && len(c.ExtraTargets) == 0) {
 		return errors.New("stack: need at least one replica or extra target")
 	}
@@ -248,6 +278,14 @@ func (c *Config) defaults() error {
 		return fmt.Errorf("stack: missing %s (run `make build`)", strings.Join(missing, ", "))
 	}
 	return nil
+}
+
+func routerAddrs(rs []RouterListener) []string {
+	out := make([]string, len(rs))
+	for i, r := range rs {
+		out[i] = r.Addr
+	}
+	return out
 }
 
 func (c *Config) logf(format string, args ...any) {
@@ -306,7 +344,9 @@ func freeAddr(addr string) (string, error) {
 	return ln.Addr().String(), nil
 }
 
-func (s *Stack) renderBootstrap() error {
+// renderBootstrap writes gateway i's copy of the bootstrap (the first one
+// is envoy.yaml, later ones envoy-<i>.yaml) with its free ports.
+func (s *Stack) renderBootstrap(i int) error {
 	tmpl, err := os.ReadFile(s.cfg.Bootstrap)
 	if err != nil {
 		return fmt.Errorf("stack: bootstrap template: %w", err)
@@ -329,11 +369,19 @@ func (s *Stack) renderBootstrap() error {
 	if err != nil {
 		return fmt.Errorf("stack: %s: %w", s.cfg.Bootstrap, err)
 	}
-	if s.info, err = InspectBootstrap(out); err != nil {
+	g := &gatewayCopy{name: "gateway", bootstrap: filepath.Join(s.cfg.WorkDir, "envoy.yaml")}
+	if i > 0 {
+		g.name = fmt.Sprintf("gateway-%d", i)
+		g.bootstrap = filepath.Join(s.cfg.WorkDir, fmt.Sprintf("envoy-%d.yaml", i))
+	}
+	if g.info, err = InspectBootstrap(out); err != nil {
 		return fmt.Errorf("stack: rendered bootstrap: %w", err)
 	}
-	s.bootstrap = filepath.Join(s.cfg.WorkDir, "envoy.yaml")
-	return os.WriteFile(s.bootstrap, out, 0o644)
+	s.gateways = append(s.gateways, g)
+	if i == 0 {
+		s.info, s.bootstrap = g.info, g.bootstrap
+	}
+	return os.WriteFile(g.bootstrap, out, 0o644)
 }
 
 func (s *Stack) startReplicas(ctx context.Context) error {
@@ -371,39 +419,90 @@ func (s *Stack) startReplicas(ctx context.Context) error {
 	return nil
 }
 
-func (s *Stack) startGateway(ctx context.Context) error {
+// StartGateway starts gateway i (again, after KillGateway or StopGateway)
+// on its ports and waits until its admin interface is ready and every
+// listener accepts connections.
+func (s *Stack) StartGateway(ctx context.Context, i int) error {
+	g := s.gateways[i]
+	s.mu.Lock()
+	if g.proc != nil && !g.proc.Exited() {
+		s.mu.Unlock()
+		return fmt.Errorf("stack: %s already running", g.name)
+	}
+	s.mu.Unlock()
 	var args []string
 	switch s.gateway {
 	case GatewayEnvoy:
 		// No hot restart: several stacks (tests) may run side by side, and
 		// hot restart would make them share a base id.
-		args = []string{s.cfg.EnvoyBinary, "-c", s.bootstrap, "--disable-hot-restart", "--concurrency", "2", "--log-level", "info"}
+		args = []string{s.cfg.EnvoyBinary, "-c", g.bootstrap, "--disable-hot-restart", "--concurrency", "2", "--log-level", "info"}
 	default:
-		args = []string{filepath.Join(s.cfg.BinDir, EnvoyHostBinary), "-c", s.bootstrap, "--concurrency", "2"}
+		args = []string{filepath.Join(s.cfg.BinDir, EnvoyHostBinary), "-c", g.bootstrap, "--concurrency", "2"}
 		if s.cfg.CompilationCache != "" {
 			args = append(args, "--compilation-cache", s.cfg.CompilationCache)
 		}
 	}
 	args = append(args, s.cfg.GatewayArgs...)
-	env := []string{s.info.Receiver.Receiver.TokenEnv + "=" + s.cfg.Token}
-	p, err := s.start("gateway", args, env)
+	env := []string{g.info.Receiver.Receiver.TokenEnv + "=" + s.cfg.Token}
+	p, err := s.start(g.name, args, env)
 	if err != nil {
 		return err
 	}
 	s.mu.Lock()
-	s.gw = p
+	g.proc = p
 	s.mu.Unlock()
-	if err := waitFor(ctx, p, 20*time.Millisecond, "gateway", httpOK(s.AdminURL()+"/ready")); err != nil {
+	if err := waitFor(ctx, p, 20*time.Millisecond, g.name, httpOK(s.GatewayAdminURL(i)+"/ready")); err != nil {
 		return err
 	}
-	for name, addr := range s.info.Listeners {
-		if err := waitFor(ctx, p, 20*time.Millisecond, "gateway listener "+name, dialOK(addr)); err != nil {
+	for name, addr := range g.info.Listeners {
+		if err := waitFor(ctx, p, 20*time.Millisecond, g.name+" listener "+name, dialOK(addr)); err != nil {
 			return err
 		}
 	}
-	s.cfg.logf("gateway %s listening on %s (pushes on %s, admin %s, pid %d)", s.gateway,
-		s.info.Listeners[s.info.ClientListener], s.info.Listeners[s.info.PushListener], s.info.AdminAddr, p.Pid())
+	s.cfg.logf("%s (%s) listening on %s (pushes on %s, admin %s, pid %d)", g.name, s.gateway,
+		g.info.Listeners[g.info.ClientListener], g.info.Listeners[g.info.PushListener], g.info.AdminAddr, p.Pid())
 	return nil
+}
+
+// KillGateway kills gateway i with SIGKILL, as a crash would; requests in
+// flight on it are cut. StartGateway brings it back on the same ports.
+func (s *Stack) KillGateway(i int) {
+	s.mu.Lock()
+	p := s.gateways[i].proc
+	s.mu.Unlock()
+	if p != nil {
+		p.Kill()
+	}
+}
+
+// Gateways is the number of gateway processes.
+func (s *Stack) Gateways() int { return len(s.gateways) }
+
+// GatewayInfo describes gateway i's rendered bootstrap (its addresses).
+func (s *Stack) GatewayInfo(i int) *BootstrapInfo { return s.gateways[i].info }
+
+// GatewayProcess is gateway i's current process (nil before it started).
+func (s *Stack) GatewayProcess(i int) *Process {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.gateways[i].proc
+}
+
+// GatewayClientURL is the base URL of gateway i's router listener.
+func (s *Stack) GatewayClientURL(i int) string {
+	info := s.gateways[i].info
+	return "http://" + dialable(info.Listeners[info.ClientListener])
+}
+
+// GatewayPushURL is gateway i's push endpoint.
+func (s *Stack) GatewayPushURL(i int) string {
+	info := s.gateways[i].info
+	return "http://" + dialable(info.Listeners[info.PushListener]) + info.Receiver.Receiver.Path
+}
+
+// GatewayAdminURL is gateway i's admin base URL.
+func (s *Stack) GatewayAdminURL(i int) string {
+	return "http://" + dialable(s.gateways[i].info.AdminAddr)
 }
 
 // StartAgent starts the metrics agent (again, after StopAgent) and waits
@@ -427,10 +526,14 @@ func (s *Stack) StartAgent(ctx context.Context) error {
 	for _, r := range s.replicas {
 		targets = append(targets, r.Addr)
 	}
+	var envoys []string
+	for _, g := range s.gateways {
+		envoys = append(envoys, g.info.Listeners[g.info.PushListener])
+	}
 	args := []string{
 		filepath.Join(s.cfg.BinDir, AgentBinary),
 		"--targets", strings.Join(targets, ","),
-		"--envoy-targets", s.info.Listeners[s.info.PushListener],
+		"--envoy-targets", strings.Join(envoys, ","),
 		"--push-path", s.info.Receiver.Receiver.Path,
 		"--push-token-file", s.tokenFile,
 		"--interval", s.cfg.AgentInterval.String(),
@@ -448,7 +551,7 @@ func (s *Stack) StartAgent(ctx context.Context) error {
 		return err
 	}
 	s.cfg.logf("agent scraping %d targets every %s, pushing to %s (pid %d)", len(targets), s.cfg.AgentInterval,
-		s.info.Listeners[s.info.PushListener], p.Pid())
+		strings.Join(envoys, ", "), p.Pid())
 	return nil
 }
 
@@ -462,13 +565,21 @@ func (s *Stack) StopAgent() {
 	}
 }
 
-// WaitRouted waits until GET /v1/models through the gateway is answered by
-// a replica: the agent has pushed and the plugin routes.
+// WaitRouted waits until GET /v1/models through every gateway is answered
+// by a replica: the agent has pushed and the plugin routes.
 func (s *Stack) WaitRouted(ctx context.Context) error {
-	s.mu.Lock()
-	gw := s.gw
-	s.mu.Unlock()
-	return waitFor(ctx, gw, 25*time.Millisecond, "routing through the gateway", httpOK(s.ClientURL()+"/v1/models"))
+	for i := range s.gateways {
+		if err := s.WaitGatewayRouted(ctx, i); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// WaitGatewayRouted is WaitRouted for gateway i alone.
+func (s *Stack) WaitGatewayRouted(ctx context.Context, i int) error {
+	gw := s.GatewayProcess(i)
+	return waitFor(ctx, gw, 25*time.Millisecond, "routing through "+s.gateways[i].name, httpOK(s.GatewayClientURL(i)+"/v1/models"))
 }
 
 // start launches a process and watches it for unexpected exits.
@@ -526,7 +637,11 @@ func (s *Stack) Stop() {
 		return
 	}
 	s.stopped = true
-	agent, gw := s.agent, s.gw
+	agent := s.agent
+	var gws []*Process
+	for _, g := range s.gateways {
+		gws = append(gws, g.proc)
+	}
 	s.mu.Unlock()
 	if agent != nil {
 		agent.Stop(s.cfg.StopGrace)
@@ -539,7 +654,9 @@ func (s *Stack) Stop() {
 		wg.Add(1)
 		go func() { defer wg.Done(); p.Stop(s.cfg.StopGrace) }()
 	}
-	stop(gw)
+	for _, gw := range gws {
+		stop(gw)
+	}
 	for _, r := range s.replicas {
 		stop(r.proc)
 	}
@@ -598,8 +715,10 @@ func (s *Stack) Processes() []*Process {
 	for _, r := range s.replicas {
 		out = append(out, r.proc)
 	}
-	if s.gw != nil {
-		out = append(out, s.gw)
+	for _, g := range s.gateways {
+		if g.proc != nil {
+			out = append(out, g.proc)
+		}
 	}
 	if s.agent != nil {
 		out = append(out, s.agent)

@@ -88,3 +88,14 @@ func TestStartRemovesItsOwnWorkDir(t *testing.T) {
 	left, _ := filepath.Glob(filepath.Join(os.Getenv("TMPDIR"), "wasm-epp-stack-*"))
 	require.Empty(t, left)
 }
+
+func TestSeveralGatewaysNeedFreePorts(t *testing.T) {
+	cfg := testConfig(t, fakeBin(t, nil))
+	cfg.Gateways = 2
+	cfg.PushAddr = "127.0.0.1:9002"
+	_, err := Start(context.Background(), cfg)
+	require.ErrorContains(t, err, `2 gateways need every listener and admin address with port 0, got "127.0.0.1:9002"`)
+	cfg.PushAddr = "" // the template's own port
+	_, err = Start(context.Background(), cfg)
+	require.ErrorContains(t, err, "2 gateways need")
+}
