@@ -231,7 +231,13 @@ func replicaByAddr(s *stack.Stack, addr string) *stack.Replica {
 // Absent stats read as 0.
 func stat(t *testing.T, s *stack.Stack, name string) uint64 {
 	t.Helper()
-	r := send(t, http.MethodGet, s.AdminURL()+"/stats", nil, nil)
+	return statAt(t, s.AdminURL(), name)
+}
+
+// statAt is stat from the admin interface at adminURL.
+func statAt(t *testing.T, adminURL, name string) uint64 {
+	t.Helper()
+	r := send(t, http.MethodGet, adminURL+"/stats", nil, nil)
 	require.Equal(t, http.StatusOK, r.Status)
 	sc := bufio.NewScanner(bytes.NewReader(r.Body))
 	for sc.Scan() {
@@ -271,20 +277,7 @@ func poll(t *testing.T, cond func() bool, msgAndArgs ...any) {
 // failed ones included), from its own /metrics.
 func agentPushes(t *testing.T, s *stack.Stack) float64 {
 	t.Helper()
-	r := send(t, http.MethodGet, s.AgentURL()+"/metrics", nil, nil)
-	require.Equal(t, http.StatusOK, r.Status)
-	var n float64
-	sc := bufio.NewScanner(bytes.NewReader(r.Body))
-	for sc.Scan() {
-		line := sc.Text()
-		if !strings.HasPrefix(line, "wasm_epp_agent_push_duration_seconds_count") {
-			continue
-		}
-		v, err := strconv.ParseFloat(line[strings.LastIndexByte(line, ' ')+1:], 64)
-		require.NoError(t, err, line)
-		n += v
-	}
-	return n
+	return agentCounter(t, s, "wasm_epp_agent_push_duration_seconds_count")
 }
 
 // waitPushes waits until the agent has finished n more pushes: then a
