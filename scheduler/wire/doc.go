@@ -2,7 +2,7 @@
 // metrics agent to the wasm-epp plugin, and the format the plugin keeps in
 // Envoy shared data.
 //
-// There are two messages, each starting with a two-byte magic and a version
+// There are two metrics messages, each starting with a two-byte magic and a version
 // byte, so a payload of the wrong kind or an unknown version is rejected
 // before anything else is read:
 //
@@ -12,6 +12,9 @@
 //   - a Stored snapshot ("WS", version 1) is what the receiver keeps in shared
 //     data: the latest accepted push of every agent (Merge), which the filter
 //     turns into a scheduler.Snapshot once per change (DecodeSnapshot).
+//
+// A third message, the configuration record ("WC", version 1, config.go),
+// carries the model table agents build from Kubernetes objects.
 //
 // # Layout (version 1)
 //
