@@ -462,6 +462,15 @@ func (x *Index) apply(b []byte, o op) int {
 	return res
 }
 
+// keepScratch adopts a value the store returned as the scratch buffer when
+// it is larger (a store may return its own slice, or nil when the key is
+// missing); the scratch always holds at least one bucket.
+func (x *Index) keepScratch(v []byte) {
+	if cap(v) > cap(x.scratch) {
+		x.scratch = v[:0]
+	}
+}
+
 // validBucket reports whether b is a bucket of this layout.
 func (x *Index) validBucket(b []byte) bool {
 	if len(b) != x.bsize || [4]byte(b[:4]) != bucketMagic || int(binary.LittleEndian.Uint16(b[8:])) != x.cfg.BucketEntries ||
@@ -526,7 +535,7 @@ func (x *Index) writeBucket(bi int, ops []op) (uint32, bool) {
 	key := x.keys[bi]
 	for range maxCASRetries {
 		cur, cas, err := x.store.Get(key, x.scratch)
-		x.scratch = cur[:cap(cur)][:0]
+		x.keepScratch(cur)
 		b := cur
 		switch {
 		case errors.Is(err, ErrNotFound):
@@ -565,7 +574,9 @@ func (x *Index) writeBucket(bi int, ops []op) (uint32, bool) {
 func (x *Index) writeDirectory() {
 	for range maxCASRetries {
 		cur, cas, err := x.store.Get(x.dirKey, x.dirBuf)
-		x.dirBuf = cur[:cap(cur)][:0]
+		if cap(cur) > cap(x.dirBuf) {
+			x.dirBuf = cur[:0]
+		}
 		d := cur
 		switch {
 		case errors.Is(err, ErrNotFound):
@@ -615,7 +626,9 @@ func (x *Index) validDirectory(d []byte) bool {
 // VM's copy.
 func (x *Index) fetch() {
 	d, _, err := x.store.Get(x.dirKey, x.dirBuf)
-	x.dirBuf = d[:cap(d)][:0]
+	if cap(d) > cap(x.dirBuf) {
+		x.dirBuf = d[:0]
+	}
 	switch {
 	case errors.Is(err, ErrNotFound):
 		return
@@ -632,7 +645,7 @@ func (x *Index) fetch() {
 			continue
 		}
 		b, _, err := x.store.Get(x.keys[i], x.scratch)
-		x.scratch = b[:cap(b)][:0]
+		x.keepScratch(b)
 		if err != nil {
 			if !errors.Is(err, ErrNotFound) {
 				x.stats.StoreErrors++

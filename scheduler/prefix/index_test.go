@@ -322,3 +322,27 @@ func BenchmarkLookup(b *testing.B) {
 		})
 	}
 }
+
+// nilStore returns nil instead of dst for a missing key, as Envoy's
+// shared data does through the binding.
+type nilStore struct{ *MemStore }
+
+func (s nilStore) Get(key string, dst []byte) ([]byte, uint32, error) {
+	v, cas, err := s.MemStore.Get(key, dst)
+	if err != nil {
+		return nil, 0, err
+	}
+	return v, cas, nil
+}
+
+func TestStoreReturningNilForMissingKeys(t *testing.T) {
+	r := rand.New(rand.NewPCG(23, 24))
+	x := newTestIndex(t, IndexConfig{}, nilStore{NewMemStore()})
+	a := randomChain(r, 16)
+	x.Record(a, 1, 0, t0)
+	x.Sync()
+	x.Sync()
+	if x.Stats().Flushes == 0 {
+		t.Fatal("nothing flushed")
+	}
+}
