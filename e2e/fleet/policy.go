@@ -35,6 +35,10 @@ type PolicySpec struct {
 	// New builds the policy. seed makes it reproducible; clock returns the
 	// virtual time, for policies that check staleness.
 	New func(seed uint64, clock func() time.Time) (Policy, error)
+	// NewVM, when set, is used instead of New: it builds the policy of one
+	// gateway worker VM with what it shares with others (prefix-aware
+	// policies keep an index in their gateway's shared data).
+	NewVM func(seed uint64, clock func() time.Time, env VMEnv) (Policy, error)
 	// CountsRouted: a scheduler policy whose configuration counts requests
 	// routed since the last scrape (scheduler.Scheduler.Observe), for
 	// reports.

@@ -575,3 +575,22 @@ func stringEquals(tok []byte, s string) bool {
 	dec, ok := decodeSmall(tok, buf[:0])
 	return ok && string(dec) == s
 }
+
+// HashTokens hashes a prompt given as token ids (the fleet benchmark's
+// requests; the same stream as a "prompt" array of ids).
+func (h *Hasher) HashTokens(target string, salt []byte, tokens []uint32) {
+	h.Reset(Seed(target, ModeTokens, salt))
+	var buf [64]byte
+	for len(tokens) > 0 {
+		n := min(len(tokens), len(buf)/4)
+		for i, t := range tokens[:n] {
+			binary.LittleEndian.PutUint32(buf[4*i:], t)
+		}
+		h.Write(buf[:4*n])
+		tokens = tokens[n:]
+		if h.full {
+			h.bytes += 4 * len(tokens)
+			return
+		}
+	}
+}

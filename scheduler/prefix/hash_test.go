@@ -308,3 +308,18 @@ func BenchmarkHashPrompt(b *testing.B) {
 func reportPerKiB(b *testing.B, size int) {
 	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N)/(float64(size)/1024), "ns/KiB")
 }
+
+func TestHashTokensIsThePromptOfIDs(t *testing.T) {
+	h := newTestHasher(t, HashConfig{})
+	ids := make([]uint32, 100)
+	strs := make([]string, 100)
+	for i := range ids {
+		ids[i] = uint32(i * 7919)
+		strs[i] = fmt.Sprint(ids[i])
+	}
+	want := promptBlocks(t, h, "m", "["+strings.Join(strs, ",")+"]")
+	h.HashTokens("m", nil, ids)
+	if !slices.Equal(want, h.Blocks()) || len(want) != 6 {
+		t.Fatalf("HashTokens gave %d blocks differing from the prompt's %d", len(h.Blocks()), len(want))
+	}
+}

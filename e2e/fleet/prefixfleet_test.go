@@ -1,0 +1,94 @@
+package fleet
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"testing"
+	"time"
+
+	"github.com/wasm-epp/wasm-epp/scheduler"
+	"github.com/wasm-epp/wasm-epp/scheduler/prefix"
+)
+
+// gatewayVMs builds gateways × vms instances of spec, each gateway with its
+// own shared data, as the fleet does.
+func gatewayVMs(t *testing.T, spec PolicySpec, gateways, vms int, clock func() time.Time) []PromptPolicy {
+	t.Helper()
+	run := map[string]any{}
+	var out []PromptPolicy
+	for g := range gateways {
+		store := prefix.NewMemStore()
+		for k := range vms {
+			p, err := spec.NewVM(uint64(g*vms+k+1), clock, VMEnv{Gateway: g, Store: store, NumGPUBlocks: 1000, run: run})
+			if err != nil {
+				t.Fatal(err)
+			}
+			out = append(out, p.(PromptPolicy))
+		}
+	}
+	return out
+}
+
+// groupPrompt is group g's 1,500-token context and a question.
+func groupPrompt(g, q int) []uint32 {
+	toks := make([]uint32, 0, 1600)
+	for i := range 1500 {
+		toks = append(toks, uint32(g*100000+i))
+	}
+	for i := range 100 {
+		toks = append(toks, uint32(1<<30+q*1000+i))
+	}
+	return toks
+}
+
+// stickiness routes 50 groups × 10 questions over the VMs at random and
+// returns the mean number of distinct replicas a group used.
+func stickiness(t *testing.T, spec PolicySpec) float64 {
+	now := Epoch
+	clock := func() time.Time { return now }
+	vms := gatewayVMs(t, spec, 2, 4, clock)
+	snap := &scheduler.Snapshot{Time: now}
+	for i := range 8 {
+		snap.Endpoints = append(snap.Endpoints, scheduler.Endpoint{ID: scheduler.EndpointID{Namespace: "fleet", Name: fmt.Sprint("vllm-", i)},
+			Address: fmt.Sprintf("10.0.0.%d", i+1), Port: 8000, Metrics: scheduler.Metrics{UpdateTime: now}})
+	}
+	r := rand.New(rand.NewPCG(1, 2))
+	used := map[int]map[int]bool{}
+	id := uint64(0)
+	for q := range 10 {
+		for g := range 50 {
+			vm := vms[r.IntN(len(vms))]
+			req := scheduler.Request{Model: "m", Criticality: scheduler.Critical}
+			i, o := vm.RoutePrompt(&req, Prompt{ID: id, Tokens: groupPrompt(g, q)}, &View{Snapshot: snap, InFlight: make([]int, 8)})
+			id++
+			if o != scheduler.Routed {
+				t.Fatalf("outcome %v", o)
+			}
+			if used[g] == nil {
+				used[g] = map[int]bool{}
+			}
+			used[g][i] = true
+		}
+		now = now.Add(200 * time.Millisecond)
+		for _, vm := range vms {
+			if tp, ok := vm.(TickPolicy); ok {
+				tp.Tick(now)
+			}
+		}
+	}
+	sum := 0
+	for _, m := range used {
+		sum += len(m)
+	}
+	return float64(sum) / float64(len(used))
+}
+
+func TestPrefixPoliciesKeepGroupsTogether(t *testing.T) {
+	for _, spec := range PrefixPolicies() {
+		s := stickiness(t, spec)
+		t.Logf("%s: %.2f replicas per group", spec.Name, s)
+		if spec.Name != PolicyLLMDApproximate && s > 1.01 {
+			t.Errorf("%s: a group used %.2f replicas on idle endpoints, want 1", spec.Name, s)
+		}
+	}
+}
