@@ -19,7 +19,7 @@ func TestDestinationCache(t *testing.T) {
 	newEnv(t, cfgJSON) // a host for the router's metrics
 	cfg, err := config.Decode([]byte(cfgJSON))
 	require.NoError(t, err)
-	r, err := newRouter(cfg, Options{Now: func() time.Time { return t0 }, LogLevel: nil})
+	r, err := NewRouter(cfg, Options{Now: func() time.Time { return t0 }})
 	require.NoError(t, err)
 	stored := storedBytes(t, t0, pod{name: "a", addr: "10.0.0.1", port: 8000, max: 4},
 		pod{name: "b", addr: "fd00::2", port: 8001, max: 4, waiting: 9})
@@ -27,7 +27,7 @@ func TestDestinationCache(t *testing.T) {
 	require.NoError(t, err)
 	r.cache.snap, r.dests = snap, make([]string, len(snap.Endpoints))
 
-	r.reqTime = t0
+	r.clock.Decide()
 	r.req = scheduler.Request{Model: "chat", TargetModel: "chat", Criticality: scheduler.Standard}
 	res := r.sched.Schedule(&r.req, snap)
 	require.Equal(t, scheduler.Routed, res.Outcome)

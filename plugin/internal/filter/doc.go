@@ -1,10 +1,20 @@
-// Package filter is the wasm-epp Envoy HTTP filter: inside the proxy it reads
-// each OpenAI-style request, picks the vLLM pod that should serve it from the
-// metrics snapshot in shared data, and names that pod in the destination
-// header an ORIGINAL_DST cluster routes on, or answers with an OpenAI-style
-// JSON error. In the receiver role (plugin configuration "role": "receiver")
-// the same plugin accepts the agents' metric pushes instead (package
-// receiver).
+// Package filter is the wasm-epp plugin in its router role, the HTTP filter:
+// inside the proxy it reads each OpenAI-style request, picks the vLLM pod
+// that should serve it from the metrics snapshot in shared data, and names
+// that pod in the destination header an ORIGINAL_DST cluster routes on, or
+// answers with an OpenAI-style JSON error. plugin/main.go starts it (or its
+// sibling, package receiver, which takes the agents' metric pushes) as the
+// configuration's "role" says.
+//
+// # Files
+//
+//   - http.go: httpContext, one request; its callbacks in the order Envoy
+//     calls them are the request path below.
+//   - router.go: Router, the per-VM state and every step the callbacks hand
+//     it (snapshot cache, decision, counting, destinations).
+//   - request.go and jsonscan.go: ParseRequest, the body check in one pass.
+//   - reply.go: the local replies (table below) and their JSON bodies.
+//   - clock.go: the clock and log-level reads, cached to spare host calls.
 //
 // # Request path
 //
@@ -34,11 +44,10 @@
 // small request, so the routed path allocates nothing in the steady state:
 // the body, the snapshot version and Content-Length are read into buffers
 // the router keeps (proxywasm *Into), configured model names are reused,
-// request contexts are recycled after proxy_on_log, destination strings are
-// cached per snapshot endpoint, and error formatting is kept out of line.
-// Timing reads the monotonic clock (one host call; time.Now is two), the
-// wall clock is read once per decision, and the host's log level is asked
-// at most once a second.
+// request contexts are recycled after proxy_on_log, and destination strings
+// are cached per snapshot endpoint. Timing reads the monotonic clock (one
+// host call; time.Now is two), the wall clock is read once per decision, and
+// the host's log level is asked at most once a second (clock.go).
 //
 // # Local replies
 //

@@ -58,28 +58,54 @@ func (e *env) close() {
 	}
 }
 
-// newEnv starts the plugin with a configuration; it must start.
-func newEnv(t *testing.T, cfgJSON string, getenv ...func(string) string) *env {
+// testVM is plugin/main.go's glue reduced to the router role, so that
+// proxytest drives the router as Envoy drives the plugin.
+type testVM struct {
+	types.DefaultVMContext
+	opts Options
+}
+
+func (v *testVM) NewPluginContext(uint32) types.PluginContext { return &testRoot{opts: v.opts} }
+
+type testRoot struct {
+	types.DefaultPluginContext
+	opts   Options
+	router *Router
+}
+
+func (p *testRoot) OnPluginStart(int) types.OnPluginStartStatus {
+	data, err := proxywasm.GetPluginConfiguration()
+	if err != nil {
+		return types.OnPluginStartStatusFailed
+	}
+	cfg, err := config.Decode(data)
+	if err == nil {
+		p.router, err = NewRouter(cfg, p.opts)
+	}
+	if err != nil {
+		proxywasm.LogCriticalf("%v", err)
+		return types.OnPluginStartStatusFailed
+	}
+	return types.OnPluginStartStatusOK
+}
+
+func (p *testRoot) NewHttpContext(id uint32) types.HttpContext { return p.router.NewHttpContext(id) }
+
+// newEnv starts the router with a configuration; it must start.
+func newEnv(t *testing.T, cfgJSON string) *env {
 	t.Helper()
-	e, status := startEnvOpts(t, cfgJSON, Options{}, getenv...)
+	e, status := startEnvOpts(t, cfgJSON, Options{})
 	require.Equal(t, types.OnPluginStartStatusOK, status, "plugin start; error logs: %v", e.host.GetCriticalLogs())
 	return e
 }
 
-func startEnv(t *testing.T, cfgJSON string, getenv ...func(string) string) (*env, types.OnPluginStartStatus) {
-	return startEnvOpts(t, cfgJSON, Options{}, getenv...)
-}
-
-// startEnvOpts starts the plugin with opts (the fake clock is always set).
-func startEnvOpts(t *testing.T, cfgJSON string, opts Options, getenv ...func(string) string) (*env, types.OnPluginStartStatus) {
+// startEnvOpts starts the router with opts (the fake clock is always set).
+func startEnvOpts(t *testing.T, cfgJSON string, opts Options) (*env, types.OnPluginStartStatus) {
 	t.Helper()
 	clock := &fakeClock{now: t0}
 	opts.Now = clock.Now
-	if len(getenv) > 0 {
-		opts.Getenv = getenv[0]
-	}
 	host, reset := proxytest.NewHostEmulator(proxytest.NewEmulatorOption().
-		WithVMContext(NewVMContext(opts)).
+		WithVMContext(&testVM{opts: opts}).
 		WithPluginConfiguration([]byte(cfgJSON)))
 	e := &env{t: t, host: host, clock: clock, reset: reset}
 	t.Cleanup(e.close)

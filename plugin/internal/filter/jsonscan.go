@@ -177,10 +177,7 @@ func scanJSON(doc []byte, onMember func(m member) bool) (ok bool, err *jsonError
 	}
 }
 
-// scanFailure is a failed scan: out of line, so the dozen places that
-// fail do not each carry the allocation's code (see replyUnknownModel).
-//
-//go:noinline
+// scanFailure is a failed scan.
 func scanFailure(kind jsonErrorKind, at int) (bool, *jsonError) {
 	return false, &jsonError{kind: kind, offset: at}
 }

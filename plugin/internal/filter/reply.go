@@ -49,11 +49,37 @@ func appendJSONString(b []byte, s string) []byte {
 	return append(b, '"')
 }
 
+// localReply is how the router answers a request it does not route: the
+// table in doc.go.
+type localReply struct {
+	status uint32
+	// details is the response code details (access log
+	// %RESPONSE_CODE_DETAILS%).
+	details string
+	typ     string
+	// code is the error code; a bad request's is its Reason.
+	code string
+}
+
+var localReplies = [numOutcomes]localReply{
+	outBadRequest:   {400, "wasm_epp_bad_request", "invalid_request_error", ""},
+	outUnknownModel: {404, "wasm_epp_unknown_model", "invalid_request_error", "model_not_found"},
+	outTooLarge:     {413, "wasm_epp_too_large", "invalid_request_error", "request_too_large"},
+	outDropped:      {429, "wasm_epp_dropped", "rate_limit_error", "capacity_exhausted"},
+	outNoEndpoint:   {503, "wasm_epp_no_endpoint", "service_unavailable", "no_endpoint"},
+	outInternal:     {500, "wasm_epp_internal_error", "server_error", "internal_error"},
+}
+
 var jsonContentType = [][2]string{{"content-type", "application/json"}}
 
-// sendError sends a local reply with an OpenAI-style JSON error body.
-func sendError(status uint32, details, typ, code, msg string) {
-	if err := proxywasm.SendHttpResponseWithDetails(status, details, jsonContentType, errorBody(msg, typ, code), -1); err != nil {
-		proxywasm.LogErrorf("wasm-epp: cannot send the %d reply: %v", status, err)
+// sendLocalReply sends outcome o's local reply with an OpenAI-style JSON
+// error body; code, when not empty, replaces the outcome's error code.
+func sendLocalReply(o outcome, code, msg string) {
+	rp := localReplies[o]
+	if code == "" {
+		code = rp.code
+	}
+	if err := proxywasm.SendHttpResponseWithDetails(rp.status, rp.details, jsonContentType, errorBody(msg, rp.typ, code), -1); err != nil {
+		proxywasm.LogErrorf("wasm-epp: cannot send the %d reply: %v", rp.status, err)
 	}
 }

@@ -84,37 +84,9 @@ type RequestError struct {
 
 func (e *RequestError) Error() string { return e.Msg }
 
-// badRequest builds a refusal. It and the other helpers of error paths are
-// kept out of line (go:noinline): the request path of a Wasm guest pays for
-// every byte of code it runs through (see replyUnknownModel).
-//
-//go:noinline
+// badRequest builds a refusal; ParseRequest's only way to make one.
 func badRequest(r Reason, format string, args ...any) *RequestError {
 	return &RequestError{Reason: r, Msg: fmt.Sprintf(format, args...)}
-}
-
-// badRequestInt, badRequestInts, badRequestStr and badRequestType are
-// badRequest with typed arguments: a call site then passes plain values
-// instead of building a []any.
-//
-//go:noinline
-func badRequestInt(r Reason, format string, n int) *RequestError { return badRequest(r, format, n) }
-
-//go:noinline
-func badRequestInts(r Reason, format string, a, b int) *RequestError {
-	return badRequest(r, format, a, b)
-}
-
-//go:noinline
-func badRequestStr(r Reason, format string, s string) *RequestError {
-	return badRequest(r, format, s)
-}
-
-// badRequestType names the JSON type of the value starting with c.
-//
-//go:noinline
-func badRequestType(r Reason, format string, c byte) *RequestError {
-	return badRequest(r, format, jsonType(c))
 }
 
 // The top-level fields the filter reads. A duplicate of any of them is
@@ -167,15 +139,15 @@ func parseRequest(body []byte, maxModelLen int, known func([]byte) (string, bool
 	})
 	switch {
 	case dup >= 0:
-		return Parsed{}, badRequestStr(ReasonDuplicateKey, "the field %q appears more than once in the request body", fieldNames[dup])
+		return Parsed{}, badRequest(ReasonDuplicateKey, "the field %q appears more than once in the request body", fieldNames[dup])
 	case jerr != nil:
 		switch jerr.kind {
 		case jsonTrailing:
-			return Parsed{}, badRequestInt(ReasonTrailingData, "the request body has data after the JSON value (at byte %d)", jerr.offset)
+			return Parsed{}, badRequest(ReasonTrailingData, "the request body has data after the JSON value (at byte %d)", jerr.offset)
 		case jsonTooDeep:
-			return Parsed{}, badRequestInt(ReasonTooDeep, "the request body nests deeper than %d levels", maxJSONDepth)
+			return Parsed{}, badRequest(ReasonTooDeep, "the request body nests deeper than %d levels", maxJSONDepth)
 		}
-		return Parsed{}, badRequestInts(ReasonInvalidJSON, "the request body is not valid JSON (error at byte %d of %d)", jerr.offset, len(body))
+		return Parsed{}, badRequest(ReasonInvalidJSON, "the request body is not valid JSON (error at byte %d of %d)", jerr.offset, len(body))
 	case !ok:
 		return Parsed{}, errors.New("unreachable: scan stopped without a reason")
 	}
@@ -190,12 +162,12 @@ func parseRequest(body []byte, maxModelLen int, known func([]byte) (string, bool
 	m := spans[fieldModel]
 	raw := body[m.start:m.end]
 	if raw[0] != '"' {
-		return Parsed{}, badRequestType(ReasonModelNotString, "\"model\" must be a string, not %s", raw[0])
+		return Parsed{}, badRequest(ReasonModelNotString, "\"model\" must be a string, not %s", jsonType(raw[0]))
 	}
 	// A decoded string is at least a sixth of its escaped form (\uXXXX is
 	// 6 bytes for at most 3), so a long token is refused before decoding.
 	if len(raw)-2 > 6*maxModelLen {
-		return Parsed{}, badRequestInt(ReasonModelTooLong, "\"model\" is longer than %d bytes", maxModelLen)
+		return Parsed{}, badRequest(ReasonModelTooLong, "\"model\" is longer than %d bytes", maxModelLen)
 	}
 	escaped := bytes.IndexByte(raw, '\\') >= 0
 	var isKnown bool
@@ -211,7 +183,7 @@ func parseRequest(body []byte, maxModelLen int, known func([]byte) (string, bool
 		case errors.Is(err, config.ErrNameEmpty):
 			return Parsed{}, badRequest(ReasonEmptyModel, "\"model\" must not be empty")
 		case errors.Is(err, config.ErrNameTooLong):
-			return Parsed{}, badRequestInt(ReasonModelTooLong, "\"model\" is longer than %d bytes", maxModelLen)
+			return Parsed{}, badRequest(ReasonModelTooLong, "\"model\" is longer than %d bytes", maxModelLen)
 		}
 		// Never echo the name: it holds control characters.
 		return Parsed{}, badRequest(ReasonInvalidModel, "\"model\" contains a control character or invalid UTF-8")
@@ -224,20 +196,20 @@ func parseRequest(body []byte, maxModelLen int, known func([]byte) (string, bool
 			p.Stream = true
 		case "false", "null":
 		default:
-			return Parsed{}, badRequestType(ReasonInvalidField, "\"stream\" must be a boolean, not %s", body[s.start])
+			return Parsed{}, badRequest(ReasonInvalidField, "\"stream\" must be a boolean, not %s", jsonType(body[s.start]))
 		}
 	}
 	if seen[fieldMessages] {
 		s := spans[fieldMessages]
 		if body[s.start] != '[' {
-			return Parsed{}, badRequestType(ReasonInvalidField, "\"messages\" must be an array, not %s", body[s.start])
+			return Parsed{}, badRequest(ReasonInvalidField, "\"messages\" must be an array, not %s", jsonType(body[s.start]))
 		}
 		p.Kind, p.PromptBytes = KindChat, s.end-s.start
 	}
 	if seen[fieldPrompt] {
 		s := spans[fieldPrompt]
 		if c := body[s.start]; c != '"' && c != '[' {
-			return Parsed{}, badRequestType(ReasonInvalidField, "\"prompt\" must be a string or an array, not %s", c)
+			return Parsed{}, badRequest(ReasonInvalidField, "\"prompt\" must be a string or an array, not %s", jsonType(c))
 		}
 		if p.Kind == KindOther {
 			p.Kind, p.PromptBytes = KindCompletion, s.end-s.start
@@ -277,8 +249,6 @@ func fieldOf(body []byte, m member) int {
 }
 
 // decodeString returns the value of a valid JSON string token.
-//
-//go:noinline
 func decodeString(tok []byte, escaped bool) string {
 	if !escaped {
 		return string(tok[1 : len(tok)-1])
@@ -289,8 +259,6 @@ func decodeString(tok []byte, escaped bool) string {
 }
 
 // jsonType names the JSON type of a value from its first byte.
-//
-//go:noinline
 func jsonType(c byte) string {
 	switch c {
 	case '{':

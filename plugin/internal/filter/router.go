@@ -17,6 +17,19 @@ import (
 	"github.com/wasm-epp/wasm-epp/scheduler/wire"
 )
 
+// Options are the router's injected dependencies; the zero value is what
+// the .wasm uses.
+type Options struct {
+	// Now is the clock for staleness and the snapshot-age gauge; nil means
+	// the wall clock (WASI clock_time_get in the .wasm), read once per
+	// scheduling decision.
+	Now func() time.Time
+	// LogLevel asks the host for its log level (decides whether decisions
+	// are logged at debug); nil means proxywasm.GetLogLevel. Native tests
+	// and benchmarks set it: proxytest always reports trace.
+	LogLevel func() (proxywasm.LogLevel, error)
+}
+
 // outcome is what became of one request; each request counts exactly once.
 type outcome int
 
@@ -35,31 +48,18 @@ const (
 var outcomeNames = [numOutcomes]string{"routed", "fail_open", "dropped", "bad_request",
 	"unknown_model", "too_large", "no_endpoint", "internal_error"}
 
-// router is the routing state of one plugin context on one VM. A
-// Proxy-Wasm VM is single-threaded, so nothing here is locked.
-type router struct {
+// Router is the router role of one plugin context on one VM: the
+// configuration, the scheduler, the per-VM snapshot cache and the buffers
+// every request reuses. A Proxy-Wasm VM is single-threaded, so nothing here
+// is locked. Its methods are the work a request's callbacks (http.go) hand
+// it, in the order they do.
+type Router struct {
 	cfg   *config.Config
 	sched *scheduler.Scheduler
 	// rnd draws weighted targets.
-	rnd *rand.Rand
-	// now is the injected clock (tests); nil means the time each request
-	// callback started, read once (every clock read is a host call).
-	now func() time.Time
-	// reqTime is "now" for the request being handled: staleness, snapshot
-	// age. The scheduler's clock returns it. reqMono is mono() then.
-	reqTime time.Time
-	reqMono time.Duration
-	// epoch is a clock reading taken at start; mono() is the time since.
-	// Clock reads are host calls in the .wasm (time.Now two: wall and
-	// monotonic clock; time.Since one), so timing uses mono() and only the
-	// request time reads the wall clock.
-	epoch time.Time
-	// logLevel asks the host for its log level; level is the last answer,
-	// asked at levelAt (mono).
-	logLevel   func() (proxywasm.LogLevel, error)
-	level      proxywasm.LogLevel
-	levelKnown bool
-	levelAt    time.Duration
+	rnd      *rand.Rand
+	clock    clock
+	logLevel logLevel
 
 	models map[string]*model
 	// knownModel finds a configured name by its bytes (parseRequest).
@@ -87,7 +87,7 @@ type router struct {
 	// dests caches the destination header value of each endpoint of
 	// cache.snap (same index), filled on first use.
 	dests []string
-	// free holds finished request contexts for reuse (newHTTPContext).
+	// free holds finished request contexts for reuse (NewHttpContext).
 	free []*httpContext
 	// lastPath is the decision path counted last, with its counter.
 	lastPath        string
@@ -138,14 +138,18 @@ type snapshotCache struct {
 
 var emptySnapshot = &scheduler.Snapshot{}
 
-func newRouter(cfg *config.Config, opts Options) (*router, error) {
+// NewRouter builds the router for a decoded configuration (config.Decode)
+// and defines its metrics; call it from OnPluginStart.
+func NewRouter(cfg *config.Config, opts Options) (*Router, error) {
 	seed1, seed2 := seeds(cfg.Seed)
-	r := &router{
+	if opts.LogLevel == nil {
+		opts.LogLevel = proxywasm.GetLogLevel
+	}
+	r := &Router{
 		cfg:         cfg,
 		rnd:         rand.New(rand.NewPCG(seed1, seed2^0x5eed)),
-		now:         opts.Now,
-		logLevel:    opts.LogLevel,
-		epoch:       time.Now(),
+		clock:       newClock(opts.Now),
+		logLevel:    logLevel{ask: opts.LogLevel},
 		headerBuf:   make([]byte, 0, 32),
 		models:      make(map[string]*model, len(cfg.Models)),
 		passthrough: model{crit: scheduler.Sheddable},
@@ -156,7 +160,7 @@ func newRouter(cfg *config.Config, opts Options) (*router, error) {
 	r.cache.snap = emptySnapshot
 	s, err := scheduler.New(cfg.SchedulerConfig, scheduler.NewRegistry(), scheduler.Options{
 		Rand:       rand.NewPCG(seed1, seed2),
-		Now:        func() time.Time { return r.reqTime },
+		Now:        r.clock.Now,
 		StaleAfter: time.Duration(cfg.StaleAfter),
 		FailOpen:   cfg.WhenNoFreshEndpoint == config.NoFreshFailOpen,
 	})
@@ -208,7 +212,7 @@ func criticality(s string) scheduler.Criticality {
 	return scheduler.Standard
 }
 
-func (r *router) defineMetrics() {
+func (r *Router) defineMetrics() {
 	for i, name := range outcomeNames {
 		r.m.outcomes[i] = proxywasm.DefineCounterMetric("wasm_epp.requests." + name)
 	}
@@ -225,38 +229,49 @@ func (r *router) defineMetrics() {
 	r.m.endpoints = proxywasm.DefineGaugeMetric("wasm_epp.snapshot.endpoints")
 }
 
-// PathMetricName turns a scheduler path into a stat-name segment: "/"
-// becomes "." (Envoy's hierarchy separator) and anything outside
-// [a-z0-9_.-] becomes "_". Paths come from the configuration, never from
-// requests, so the set of names is fixed at start.
-func PathMetricName(path string) string {
-	return strings.Map(func(r rune) rune {
-		switch {
-		case r == '/':
-			return '.'
-		case r >= 'a' && r <= 'z', r >= '0' && r <= '9', r == '_', r == '-', r == '.':
-			return r
-		case r >= 'A' && r <= 'Z':
-			return r + ('a' - 'A')
-		}
-		return '_'
-	}, path)
+// maxFreeContexts bounds the finished contexts a router keeps for reuse.
+const maxFreeContexts = 64
+
+// NewHttpContext returns a fresh context for a request, reusing a finished
+// one when there is one: an allocation less per request.
+func (r *Router) NewHttpContext(uint32) types.HttpContext {
+	if n := len(r.free); n > 0 {
+		c := r.free[n-1]
+		r.free[n-1] = nil
+		r.free = r.free[:n-1]
+		*c = httpContext{r: r}
+		return c
+	}
+	return &httpContext{r: r}
 }
 
-// setGauge sets a gauge shared by every worker VM to v. The SDK API only
-// adds, and Envoy keeps one stat per name for all workers, so add the
-// difference to the current value: the last writer wins, which is right for
-// values every worker derives from the same shared data.
-func setGauge(g proxywasm.MetricGauge, v int64) {
-	if d := v - g.Value(); d != 0 {
-		g.Add(d)
+// recycle keeps a finished context for NewHttpContext.
+func (r *Router) recycle(c *httpContext) {
+	if len(r.free) < maxFreeContexts {
+		*c = httpContext{r: r}
+		r.free = append(r.free, c)
 	}
 }
 
-func (r *router) count(o outcome) { r.m.outcomes[o].Increment(1) }
+// maxKeptBody and maxKeptVersion cap the read buffers a router keeps:
+// larger bodies (rare: long prompts) get a buffer of their own.
+const (
+	maxKeptBody    = 256 << 10
+	maxKeptVersion = 1 << 10
+)
+
+// readBody reads the buffered request body into bodyBuf (growing it up to
+// maxKeptBody). The result is valid until the next request's body is read.
+func (r *Router) readBody(size int) ([]byte, error) {
+	body, err := proxywasm.GetHttpRequestBodyInto(r.bodyBuf[:0], 0, size)
+	if cap(body) > cap(r.bodyBuf) && cap(body) <= maxKeptBody {
+		r.bodyBuf = body[:0]
+	}
+	return body, err
+}
 
 // pickTarget draws the model a request is served by.
-func (r *router) pickTarget(m *model, requested string) string {
+func (r *Router) pickTarget(m *model, requested string) string {
 	switch len(m.targets) {
 	case 0:
 		return requested
@@ -274,7 +289,7 @@ func (r *router) pickTarget(m *model, requested string) string {
 
 // snapshot returns the current snapshot, decoding shared data only when its
 // version changed since the last call on this VM.
-func (r *router) snapshot() *scheduler.Snapshot {
+func (r *Router) snapshot() *scheduler.Snapshot {
 	v, _, err := proxywasm.GetSharedDataInto(r.versionBuf[:0], r.versionKey)
 	if cap(v) > cap(r.versionBuf) && cap(v) <= maxKeptVersion {
 		r.versionBuf = v[:0]
@@ -303,7 +318,7 @@ func (r *router) snapshot() *scheduler.Snapshot {
 }
 
 // install decodes a stored snapshot read from shared data into the cache.
-func (r *router) install(data []byte, err error) {
+func (r *Router) install(data []byte, err error) {
 	switch {
 	case errors.Is(err, types.ErrorStatusNotFound) || (err == nil && len(data) == 0):
 		r.cache.snap = emptySnapshot
@@ -333,28 +348,10 @@ type decision struct {
 	outcome outcome
 }
 
-// logLevelRefresh is how long the host's answer about its log level is
-// kept.
-const logLevelRefresh = time.Second
-
-// mono is the monotonic time since the router started: one host call.
-func (r *router) mono() time.Duration { return time.Since(r.epoch) }
-
-// setRequestTime reads the clock for the request being decided (reqTime,
-// reqMono) and returns the mono reading.
-func (r *router) setRequestTime() time.Duration {
-	now := time.Now()
-	r.reqTime, r.reqMono = now, now.Sub(r.epoch)
-	if r.now != nil {
-		r.reqTime = r.now()
-	}
-	return r.reqMono
-}
-
-// decide runs the scheduler (bodyless: least loaded) on snap and counts the
-// decision path and the time it took. start is the mono reading just
-// before it.
-func (r *router) decide(req *scheduler.Request, snap *scheduler.Snapshot, start time.Duration) decision {
+// decide runs the scheduler on snap for req (nil: a request without a
+// body, least loaded) and counts the decision path and the time it took.
+func (r *Router) decide(req *scheduler.Request, snap *scheduler.Snapshot) decision {
+	start := r.clock.Decide()
 	var res scheduler.Result
 	if req == nil {
 		res = r.sched.LeastLoaded(snap)
@@ -378,12 +375,12 @@ func (r *router) decide(req *scheduler.Request, snap *scheduler.Snapshot, start 
 	default:
 		d.outcome = outNoEndpoint
 	}
-	elapsed := r.mono() - start
+	elapsed := r.clock.Since() - start
 	r.m.scheduleMicro.Record(uint64(elapsed / time.Microsecond))
 	if c, ok := r.pathCounter(res.Path); ok {
 		c.Increment(1)
 	}
-	now := r.reqTime
+	now := r.clock.Now()
 	if !snap.Time.IsZero() && now.Sub(r.lastAgeSet) >= 100*time.Millisecond {
 		r.lastAgeSet = now
 		age := now.Sub(snap.Time)
@@ -399,23 +396,19 @@ func (r *router) decide(req *scheduler.Request, snap *scheduler.Snapshot, start 
 	return d
 }
 
-// Logging is kept out of line: see replyUnknownModel.
-
-//go:noinline
-func logSharedDataError(key string, err error) {
-	proxywasm.LogErrorf("wasm-epp: cannot read shared data %q: %v", key, err)
-}
-
-//go:noinline
-func (r *router) warnFailOpen() {
+func (r *Router) warnFailOpen() {
 	proxywasm.LogWarnf("wasm-epp: every endpoint's metrics are older than %s: failing open to random endpoints (counted in wasm_epp.requests.fail_open; this warning repeats at most every 10s)",
 		time.Duration(r.cfg.StaleAfter))
+}
+
+func logSharedDataError(key string, err error) {
+	proxywasm.LogErrorf("wasm-epp: cannot read shared data %q: %v", key, err)
 }
 
 // pathCounter is the counter of a decision path; the last one is cached
 // (paths are the scheduler's constant strings, so a hit compares one
 // pointer).
-func (r *router) pathCounter(path string) (proxywasm.MetricCounter, bool) {
+func (r *Router) pathCounter(path string) (proxywasm.MetricCounter, bool) {
 	if path == r.lastPath && r.lastPathOK {
 		return r.lastPathCounter, true
 	}
@@ -426,26 +419,15 @@ func (r *router) pathCounter(path string) (proxywasm.MetricCounter, bool) {
 	return c, ok
 }
 
-// maxKeptBody and maxKeptVersion cap the read buffers a router keeps:
-// larger bodies (rare: long prompts) get a buffer of their own.
-const (
-	maxKeptBody    = 256 << 10
-	maxKeptVersion = 1 << 10
-)
+func (r *Router) count(o outcome) { r.m.outcomes[o].Increment(1) }
 
-// readBody reads the buffered request body into bodyBuf (growing it up to
-// maxKeptBody). The result is valid until the next request's body is read.
-func (r *router) readBody(size int) ([]byte, error) {
-	body, err := proxywasm.GetHttpRequestBodyInto(r.bodyBuf[:0], 0, size)
-	if cap(body) > cap(r.bodyBuf) && cap(body) <= maxKeptBody {
-		r.bodyBuf = body[:0]
-	}
-	return body, err
-}
+// debugEnabled tells whether decisions are logged (host at debug level),
+// asked at the current decision's time.
+func (r *Router) debugEnabled() bool { return r.logLevel.Debug(r.clock.Mono()) }
 
 // destinationOf is destination(&snap.Endpoints[i]), from the cache when
 // snap is the cached snapshot (it always is, except in tests).
-func (r *router) destinationOf(snap *scheduler.Snapshot, i int) string {
+func (r *Router) destinationOf(snap *scheduler.Snapshot, i int) string {
 	ep := &snap.Endpoints[i]
 	if snap != r.cache.snap || i >= len(r.dests) {
 		return r.destination(ep)
@@ -458,7 +440,7 @@ func (r *router) destinationOf(snap *scheduler.Snapshot, i int) string {
 
 // destination formats ip:port ([v6]:port) for the ORIGINAL_DST header;
 // TargetPort, when set, replaces the reported port.
-func (r *router) destination(ep *scheduler.Endpoint) string {
+func (r *Router) destination(ep *scheduler.Endpoint) string {
 	port := ep.Port
 	if r.cfg.TargetPort != 0 {
 		port = r.cfg.TargetPort
@@ -488,4 +470,32 @@ func appendUint(b []byte, v uint64) []byte {
 		}
 	}
 	return append(b, tmp[i:]...)
+}
+
+// PathMetricName turns a scheduler path into a stat-name segment: "/"
+// becomes "." (Envoy's hierarchy separator) and anything outside
+// [a-z0-9_.-] becomes "_". Paths come from the configuration, never from
+// requests, so the set of names is fixed at start.
+func PathMetricName(path string) string {
+	return strings.Map(func(r rune) rune {
+		switch {
+		case r == '/':
+			return '.'
+		case r >= 'a' && r <= 'z', r >= '0' && r <= '9', r == '_', r == '-', r == '.':
+			return r
+		case r >= 'A' && r <= 'Z':
+			return r + ('a' - 'A')
+		}
+		return '_'
+	}, path)
+}
+
+// setGauge sets a gauge shared by every worker VM to v. The SDK API only
+// adds, and Envoy keeps one stat per name for all workers, so add the
+// difference to the current value: the last writer wins, which is right for
+// values every worker derives from the same shared data.
+func setGauge(g proxywasm.MetricGauge, v int64) {
+	if d := v - g.Value(); d != 0 {
+		g.Add(d)
+	}
 }
