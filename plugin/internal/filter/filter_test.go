@@ -42,6 +42,24 @@ func TestRoutesToTheAdaptersPod(t *testing.T) {
 	assert.Equal(t, uint64(1), e.counter("wasm_epp.snapshot.decodes"), "decoded once, not per request")
 }
 
+// A "stream" value the router cannot read as a boolean is forwarded as it
+// came (vLLM's lax parsing decides what it means) and routed like any
+// request: the router validates only the fields it routes on.
+func TestNonBooleanStreamIsForwarded(t *testing.T) {
+	e := newEnv(t, baseConfig)
+	e.setPods(pod{name: "a", addr: "10.0.0.1", max: 4})
+	for i, v := range []string{`"yes"`, `1`, `"true"`, `{}`, `[true]`} {
+		body := `{"model":"chat","stream":` + v + `,"messages":[{"role":"user","content":"hi"}]}`
+		r := e.post("/v1/chat/completions", nil, body)
+		require.Nil(t, r.local, "stream %s is not refused", v)
+		assert.Equal(t, types.ActionContinue, r.action)
+		assert.Equal(t, "10.0.0.1:8000", r.dest())
+		assert.Equal(t, body, r.body, "forwarded unchanged")
+		assert.Equal(t, uint64(i+1), e.counter("wasm_epp.requests.routed"))
+	}
+	assert.Equal(t, uint64(0), e.counter("wasm_epp.requests.bad_request"))
+}
+
 func TestTrafficSplitProportionsAndRewrite(t *testing.T) {
 	e := newEnv(t, baseConfig)
 	e.setPods(pod{name: "a", addr: "10.0.0.1", max: 4}, pod{name: "b", addr: "10.0.0.2", max: 4})

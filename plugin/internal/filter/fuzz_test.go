@@ -11,14 +11,15 @@ import (
 
 // FuzzParseRequest: ParseRequest never panics, and its result is always one
 // of the defined outcomes: a Parsed whose model span decodes (by
-// encoding/json) to a valid model name, or a *RequestError with a known
+// encoding/json) to a valid model name and whose Stream is true exactly
+// when encoding/json's last "stream" is true, or a *RequestError with a known
 // Reason that agrees with encoding/json about whether the body is JSON.
 // Corpus: testdata/fuzz/FuzzParseRequest (the request rows of BAD-INPUTS.md
 // and what fuzzing found).
 func FuzzParseRequest(f *testing.F) {
 	for _, s := range []string{
 		`{"model":"llama","messages":[{"role":"user","content":"hi"}],"stream":true}`,
-		`{"model":"a","model":"b"}`, `{"model":"a"`, `[{"model":"a"}]`, `{"model":"a\u0000"}`,
+		`{"model":"a","model":"b"}`, `{"model":"a"`, `{"model":"a","stream":"yes","str\u0065am":true}`, `[{"model":"a"}]`, `{"model":"a\u0000"}`,
 	} {
 		f.Add([]byte(s))
 	}
@@ -43,6 +44,10 @@ func FuzzParseRequest(f *testing.F) {
 			}
 			if e := config.ValidModelName(p.Model, maxLen); e != nil {
 				t.Fatalf("accepted an invalid model name %q: %v", p.Model, e)
+			}
+			// "stream" is read as vLLM's parser reads keys: the last copy.
+			if want := string(top["stream"]) == "true"; p.Stream != want {
+				t.Fatalf("stream %t, encoding/json's last copy is %q", p.Stream, top["stream"])
 			}
 			return
 		}

@@ -42,7 +42,8 @@ type Parsed struct {
 	// ModelStart and ModelEnd delimit the raw JSON string token of "model",
 	// quotes included: the bytes to replace when rewriting the model.
 	ModelStart, ModelEnd int
-	// Stream is "stream": true.
+	// Stream is "stream": true; any other value (false, null, "yes", 1)
+	// counts as not streaming for the router's own purposes.
 	Stream bool
 	Kind   Kind
 	// PromptBytes is the raw size of "messages" or "prompt" (0 if absent),
@@ -89,10 +90,15 @@ func badRequest(r Reason, format string, args ...any) *RequestError {
 	return &RequestError{Reason: r, Msg: fmt.Sprintf(format, args...)}
 }
 
-// The top-level fields the filter reads. A duplicate of any of them is
-// refused: JSON parsers disagree on which copy wins (Python's json, in
-// vLLM, takes the last), so routing on one copy while the server reads the
-// other would let a client pick its own adapter or dodge shedding.
+// The top-level fields the filter reads. "model" decides the route, and
+// "prompt" and "messages" what the prompt is: a duplicate of any of them is
+// refused, since JSON parsers disagree on which copy wins (Python's json,
+// in vLLM, takes the last), and routing on one copy while the server reads
+// the other would let a client pick its own adapter or dodge shedding.
+// "stream" only informs the router (the decision log), so it is read as
+// vLLM reads it: the last copy wins, and any value but true is "not
+// streaming" here while the body goes upstream unchanged, for vLLM's own
+// (lax) parsing to judge.
 const (
 	fieldModel = iota
 	fieldStream
@@ -107,8 +113,8 @@ var fieldNames = [numFields]string{"model", "stream", "prompt", "messages"}
 // routing needs. It is a pure function: the body is strictly validated as
 // JSON (and must be an object) before any field is trusted, "model" must be
 // a JSON string accepted by config.ValidModelName with maxModelLen, and
-// "stream", "prompt" and "messages" must have their OpenAI types when
-// present. Every error is a *RequestError. The body is never unmarshalled:
+// "prompt" and "messages" must have their OpenAI types when present;
+// "stream" is read, never refused (see fieldStream). Every error is a *RequestError. The body is never unmarshalled:
 // one pass validates it and finds the top-level fields, and only the model
 // string is decoded.
 func ParseRequest(body []byte, maxModelLen int) (Parsed, error) {
@@ -130,7 +136,7 @@ func parseRequest(body []byte, maxModelLen int, known func([]byte) (string, bool
 		if f < 0 {
 			return true
 		}
-		if seen[f] {
+		if seen[f] && f != fieldStream {
 			dup = f
 			return false
 		}
@@ -191,13 +197,7 @@ func parseRequest(body []byte, maxModelLen int, known func([]byte) (string, bool
 
 	if seen[fieldStream] {
 		s := spans[fieldStream]
-		switch string(body[s.start:s.end]) {
-		case "true":
-			p.Stream = true
-		case "false", "null":
-		default:
-			return Parsed{}, badRequest(ReasonInvalidField, "\"stream\" must be a boolean, not %s", jsonType(body[s.start]))
-		}
+		p.Stream = string(body[s.start:s.end]) == "true"
 	}
 	if seen[fieldMessages] {
 		s := spans[fieldMessages]
