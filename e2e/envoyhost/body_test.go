@@ -79,12 +79,44 @@ func TestBodyModesChangeWhatGoesUpstream(t *testing.T) {
 	}
 }
 
+// The filter buffers the body and answers with it. on_request_headers
+// continued, so, as in Envoy, the router has already started the upstream
+// request with the headers; the body is never forwarded, and the local
+// reply resets that upstream request. The client sends its body only once
+// the upstream has seen the headers, so every run checks the same order of
+// events.
 func TestBodyEcho(t *testing.T) {
 	h := newHarness(t, testPluginPkg)
-	resp, body := h.do("POST", "/e", `{"model":"m"}`, map[string]string{"X-Tp-Body": "echo"})
+	arrived := make(chan struct{})
+	var once sync.Once
+	h.up.mu.Lock()
+	h.up.arrived = func(*http.Request) { once.Do(func() { close(arrived) }) }
+	h.up.mu.Unlock()
+	pr, pw := io.Pipe()
+	go func() {
+		select {
+		case <-arrived:
+		case <-time.After(10 * time.Second):
+		}
+		_, _ = pw.Write([]byte(`{"model":"m"}`))
+		pw.Close()
+	}()
+	resp := h.request("POST", "/e", pr, map[string]string{"X-Tp-Body": "echo"})
+	body, err := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	require.NoError(t, err)
 	assert.Equal(t, http.StatusOK, resp.StatusCode)
-	assert.Equal(t, `{"model":"m"}`, body)
-	assert.Empty(t, h.up.requests())
+	assert.Equal(t, `{"model":"m"}`, string(body))
+	select {
+	case <-arrived:
+	default:
+		t.Fatal("the upstream never saw the request headers")
+	}
+	require.Eventually(t, func() bool { return len(h.up.requests()) == 1 }, 10*time.Second, 10*time.Millisecond,
+		"the upstream handler finishes once the reset reaches it")
+	got := h.up.requests()[0]
+	assert.Empty(t, got.Body, "no body byte went upstream")
+	assert.Error(t, got.BodyErr, "the upstream request was reset, not completed")
 }
 
 // A filter changing the body without removing Content-Length sends the

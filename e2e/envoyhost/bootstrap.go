@@ -223,9 +223,14 @@ func convertListener(l *listenerv3.Listener, opts BootstrapOptions) (ListenerCon
 	}
 	hcm := cms[0].HCM
 	switch hcm.GetCodecType() {
-	case hcmv3.HttpConnectionManager_AUTO, hcmv3.HttpConnectionManager_HTTP1:
+	case hcmv3.HttpConnectionManager_AUTO:
+		lc.Codec = CodecAuto
+	case hcmv3.HttpConnectionManager_HTTP1:
+		lc.Codec = CodecHTTP1
+	case hcmv3.HttpConnectionManager_HTTP2:
+		lc.Codec = CodecHTTP2
 	default:
-		return lc, fmt.Errorf("codec_type %s is not supported (HTTP/1.1 only)", hcm.GetCodecType())
+		return lc, fmt.Errorf("codec_type %s is not supported (AUTO, HTTP1 or HTTP2)", hcm.GetCodecType())
 	}
 	lc.UseRemoteAddress = hcm.GetUseRemoteAddress().GetValue()
 	lc.NormalizePath = hcm.GetNormalizePath().GetValue()

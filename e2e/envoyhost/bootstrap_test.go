@@ -78,9 +78,15 @@ static_resources:
 	cfg, err := LoadBootstrap([]byte(ok.Replace(base)), BootstrapOptions{})
 	require.NoError(t, err)
 	assert.Equal(t, "x-envoy-original-dst-host", cfg.Clusters[0].OriginalDstHeader, "Envoy's default header")
+	assert.Equal(t, CodecAuto, cfg.Listeners[0].Codec)
+	for codec, want := range map[string]Codec{"HTTP1": CodecHTTP1, "HTTP2": CodecHTTP2} {
+		c, err := LoadBootstrap([]byte(strings.Replace(ok.Replace(base), "codec_type: AUTO", "codec_type: "+codec, 1)), BootstrapOptions{})
+		require.NoError(t, err)
+		assert.Equal(t, want, c.Listeners[0].Codec, codec)
+	}
 
 	cases := map[string]struct{ codec, cluster, want string }{
-		"http2": {"codec_type: HTTP2", "type: STATIC\n    load_assignment: {cluster_name: c}", "codec_type HTTP2 is not supported"},
+		"http3": {"codec_type: HTTP3", "type: STATIC\n    load_assignment: {cluster_name: c}", "codec_type HTTP3 is not supported"},
 		"round robin original dst": {"codec_type: AUTO",
 			"type: ORIGINAL_DST\n    lb_policy: ROUND_ROBIN\n    original_dst_lb_config: {use_http_header: true}",
 			"Only 'CLUSTER_PROVIDED' is allowed"},

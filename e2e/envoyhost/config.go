@@ -102,11 +102,29 @@ type ListenerConfig struct {
 	VirtualHosts []VirtualHostConfig
 	// BufferLimitBytes is per_connection_buffer_limit_bytes; 0 means 1 MiB.
 	BufferLimitBytes int
+	// Codec is the connection manager's codec_type: which protocols the
+	// listener accepts.
+	Codec Codec
 	// HTTP connection manager options.
 	UseRemoteAddress bool // append the peer address to x-forwarded-for
 	NormalizePath    bool // RFC 3986 dot-segment removal before the filters
 	MergeSlashes     bool // collapse repeated slashes before the filters
 }
+
+// Codec is an HttpConnectionManager codec_type (envoy
+// source/common/http/conn_manager_impl.cc createCodec; cleartext here).
+type Codec int
+
+const (
+	// CodecAuto is AUTO: HTTP/2 when the connection opens with the HTTP/2
+	// preface (prior knowledge), HTTP/1.1 otherwise. Without TLS there is
+	// no ALPN, and an HTTP/1.1 "Upgrade: h2c" is not taken up.
+	CodecAuto Codec = iota
+	// CodecHTTP1 accepts HTTP/1.1 only.
+	CodecHTTP1
+	// CodecHTTP2 accepts HTTP/2 with prior knowledge only.
+	CodecHTTP2
+)
 
 // VirtualHostConfig is a route_config virtual host.
 type VirtualHostConfig struct {

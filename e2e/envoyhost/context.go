@@ -258,11 +258,20 @@ func (c *wasmContext) buffer(typ uint32) (bodyBuffer, bool) {
 		}
 		return bodyBuffer{}, false
 	case bufferHTTPRequestBody:
+		// While buffering (the last body callback answered Pause) it is
+		// the decoding buffer, in later callbacks too (trailers, a tick
+		// with the effective context); otherwise the current chunk.
+		if c.stream != nil && c.stream.dec.buffering {
+			return bodyBuffer{data: &c.stream.dec.buffered, mutable: true}, true
+		}
 		if c.stream != nil && c.stream.reqBody != nil {
 			return bodyBuffer{data: c.stream.reqBody, mutable: true}, true
 		}
 		return bodyBuffer{}, true
 	case bufferHTTPResponseBody:
+		if c.stream != nil && c.stream.enc.buffering {
+			return bodyBuffer{data: &c.stream.enc.buffered, mutable: true}, true
+		}
 		if c.stream != nil && c.stream.respBody != nil {
 			return bodyBuffer{data: c.stream.respBody, mutable: true}, true
 		}

@@ -77,11 +77,14 @@
 //     and one per worker; plugins whose vm key matches share those VMs, each
 //     with its own root context; shared data per vm_id with one CAS counter;
 //     tick timers per root context; proxy_done at shutdown;
-//   - HTTP: listeners running each request through the filter on a worker
-//     VM (round robin), Envoy's header-map, body-buffering,
-//     StopIteration/StopAll, local-reply and buffer-limit (413) semantics, a
-//     route table with direct responses, ORIGINAL_DST and STATIC clusters,
-//     streamed responses, Content-Length never fixed;
+//   - HTTP: listeners speaking HTTP/1.1 and cleartext HTTP/2 with prior
+//     knowledge (codec_type AUTO, HTTP1, HTTP2), running each request
+//     through the filter on a worker VM (round robin); Envoy's header-map,
+//     body-buffering, StopIteration/StopAll, request-trailer (the last body
+//     callback without end_of_stream, then on_request_trailers),
+//     local-reply and buffer-limit (413) semantics, a route table with
+//     direct responses, ORIGINAL_DST and STATIC clusters, streamed
+//     responses, Content-Length never fixed;
 //   - callouts (proxy_http_call), properties, metrics on an admin listener at
 //     /stats and /stats/prometheus (the wasmcustom namespace hidden, as
 //     Envoy does), failure policies FAIL_CLOSED, FAIL_OPEN, FAIL_RELOAD.
@@ -90,10 +93,21 @@
 // LoadBootstrap; the command is e2e/cmd/envoyhost.
 //
 // Known differences from Envoy, on purpose or for lack of need:
-//   - HTTP/1.1 only, through net/http: no HTTP/2, no gRPC-specific local
-//     replies, trailers are not delivered to the filter; Go adds a Date
-//     response header; request headers reach the filter sorted by name
-//     after the pseudo-headers (net/http does not keep their order).
+//   - Cleartext only, through net/http: no TLS (so no ALPN), no HTTP/3, no
+//     gRPC-specific local replies; Go adds a Date response header; request
+//     headers reach the filter sorted by name after the pseudo-headers
+//     (net/http does not keep their order).
+//   - Request trailers reach the filter over HTTP/2 only when the request
+//     declared them in a Trailer header, which Go's client always does:
+//     net/http drops undeclared ones, Envoy delivers them all. HTTP/1.1
+//     trailers are dropped, as Envoy does unless enable_trailers is set
+//     (not offered here). Upstreams are HTTP/1.1, so request trailers stop
+//     at the router and response trailers never come.
+//   - HTTP/2 frames are not visible through net/http: without a
+//     Content-Length the end of the body shows only as the next read's EOF,
+//     so a body whose last DATA frame carried END_STREAM gets one more,
+//     empty body callback with end_of_stream (Envoy ends the stream in the
+//     callback for that frame).
 //   - A worker is chosen per request (Envoy: per connection).
 //   - A VM's callbacks run on the goroutine of the stream, so on any OS
 //     thread and CPU (Envoy: always on the VM's worker thread). On a busy

@@ -26,6 +26,7 @@ type evKind int
 const (
 	evWake evKind = iota // actions queued by a VM callback (continue, reply, reset)
 	evReqData
+	evReqTrailers
 	evReqError
 	evUpHeaders
 	evUpData
@@ -34,12 +35,13 @@ const (
 )
 
 type streamEvent struct {
-	kind evKind
-	data []byte
-	eos  bool
-	resp *http.Response
-	err  error
-	gen  int
+	kind     evKind
+	data     []byte
+	eos      bool
+	trailers *HeaderMap
+	resp     *http.Response
+	err      error
+	gen      int
 }
 
 // localReply is a pending sendLocalReply.
@@ -67,15 +69,17 @@ func (s iterState) stoppedAll() bool { return s == iterStopAllBuffer || s == ite
 // encode).
 type direction struct {
 	iter            iterState
-	headersDone     bool   // headers_continued_: headers passed the filter
-	buffered        []byte // buffered_request_data_ / buffered_response_data_
-	hasBuffer       bool   // the buffer exists (bufferedData() != nullptr)
-	streaming       bool   // decoder_filters_streaming_: over the limit pauses, not 413
-	complete        bool   // all data from the peer arrived
-	endSent         bool   // end of stream passed to the next stage
-	chunk           []byte // the data of the current callback
-	buffering       bool   // buffering_request_body_ of the Wasm context
-	iterateFromThis bool   // after StopAll, buffered data goes through this filter
+	headersDone     bool       // headers_continued_: headers passed the filter
+	buffered        []byte     // buffered_request_data_ / buffered_response_data_
+	hasBuffer       bool       // the buffer exists (bufferedData() != nullptr)
+	streaming       bool       // decoder_filters_streaming_: over the limit pauses, not 413
+	complete        bool       // all data from the peer arrived
+	endSent         bool       // end of stream passed to the next stage
+	chunk           []byte     // the data of the current callback
+	buffering       bool       // buffering_request_body_ of the Wasm context
+	iterateFromThis bool       // after StopAll, buffered data goes through this filter
+	trailers        *HeaderMap // request_trailers_ of the filter manager, once they came
+	trailersDone    bool       // trailers passed the filter
 }
 
 type stream struct {
@@ -442,6 +446,63 @@ func (s *stream) onRequestData(data []byte, eos bool) {
 	s.filterData(&s.dec, data, eos, false)
 }
 
+// onRequestTrailers handles the downstream request trailers: the request
+// is complete (conn_manager_impl.cc decodeTrailers: maybeEndDecode(true)),
+// then FilterManager::decodeTrailers.
+func (s *stream) onRequestTrailers(m *HeaderMap) {
+	s.dec.complete = true
+	if s.localReplySent || s.finished {
+		return
+	}
+	s.dec.trailers = m
+	if s.mode == filterSkipped {
+		s.dec.trailersDone = true
+		s.routerTrailers()
+		return
+	}
+	s.filterTrailers(&s.dec)
+}
+
+// filterTrailers is FilterManager::decodeTrailers for our one filter plus
+// the Wasm glue (context.cc decodeTrailers). A filter that stopped all
+// iteration gets the trailers only when it continues (commonContinue). The
+// body it buffered stays readable here: getBuffer returns the decoding
+// buffer while buffering_request_body_ is set, and only decodeData clears
+// it. Request headers stay writable if on_request_headers did not
+// continue.
+func (s *stream) filterTrailers(d *direction) {
+	if d.iter.stoppedAll() {
+		return
+	}
+	if !s.created() {
+		d.trailersDone = true
+		s.routerTrailers()
+		return
+	}
+	unlock := s.lockVM()
+	s.reqTrailers = d.trailers
+	status := s.callTrailers("proxy_on_request_trailers", d.trailers)
+	if status == trailersContinue {
+		s.reqTrailers = nil
+	}
+	unlock()
+	if s.handleUrgent() || s.finished {
+		return
+	}
+	// commonHandleAfterTrailersCallback.
+	if status == trailersContinue {
+		if d.iter == iterStopSingle {
+			s.commonContinue(d, false)
+		} else {
+			d.trailersDone = true
+			s.routerTrailers()
+		}
+	} else if d.iter == iterContinue {
+		d.iter = iterStopSingle
+	}
+	s.processPending()
+}
+
 // filterData is FilterManager::decodeData/encodeData for our one filter
 // plus the Wasm glue (context.cc decodeData/encodeData).
 func (s *stream) filterData(d *direction, data []byte, eos bool, response bool) {
@@ -580,9 +641,10 @@ func (s *stream) commonContinue(d *direction, response bool) {
 	}
 	fromThis := d.iter.stoppedAll()
 	d.iter = iterContinue
+	hasTrailers := d.trailers != nil && !d.trailersDone
 	if !d.headersDone {
 		d.headersDone = true
-		eos := d.complete && !d.hasBuffer
+		eos := d.complete && !d.hasBuffer && !hasTrailers
 		if eos {
 			d.endSent = true
 		}
@@ -596,9 +658,19 @@ func (s *stream) commonContinue(d *direction, response bool) {
 		data := d.buffered
 		d.buffered, d.hasBuffer = nil, false
 		if fromThis {
-			s.filterData(d, data, d.complete, response)
+			s.filterData(d, data, d.complete && !hasTrailers, response)
 		} else {
-			s.passData(d, data, d.complete, response)
+			s.passData(d, data, d.complete && !hasTrailers, response)
+		}
+	}
+	if hasTrailers && !response && !s.finished && !s.localReplySent {
+		// doTrailers: through this filter again if it had stopped
+		// everything (it has not seen them), else on to the router.
+		if fromThis {
+			s.filterTrailers(d)
+		} else {
+			d.trailersDone = true
+			s.routerTrailers()
 		}
 	}
 	if !response && s.readPaused {
@@ -628,6 +700,14 @@ func (s *stream) readRequestBody() {
 	var total int64
 	buf := make([]byte, readChunkSize)
 	cl := s.r.ContentLength
+	// Trailers end an HTTP/2 request; they are known only at the body's
+	// EOF. net/http keeps only trailers the request declared (Trailer
+	// header). Envoy's HTTP/1 codec drops trailers (http_protocol_options
+	// enable_trailers is off by default), and so does this host.
+	withTrailers := s.r.ProtoMajor == 2 && len(s.r.Trailer) > 0
+	if withTrailers {
+		cl = -1
+	}
 	for {
 		select {
 		case <-s.reqPermit:
@@ -644,6 +724,15 @@ func (s *stream) readRequestBody() {
 		if err != nil && err != io.EOF {
 			s.send(streamEvent{kind: evReqError, err: err})
 			return
+		}
+		if eos && withTrailers {
+			if m := requestTrailerMap(s.r.Trailer); m.Len() > 0 {
+				if n > 0 {
+					s.send(streamEvent{kind: evReqData, data: append([]byte(nil), buf[:n]...)})
+				}
+				s.send(streamEvent{kind: evReqTrailers, trailers: m})
+				return
+			}
 		}
 		s.send(streamEvent{kind: evReqData, data: append([]byte(nil), buf[:n]...), eos: eos})
 		if eos {
@@ -725,9 +814,10 @@ func (s *stream) writeHeaders(eos bool) {
 	if _, ok := s.respMap.Get("server"); !ok {
 		h.Set("Server", "envoy") // the connection manager's server_name
 	}
-	if !s.dec.complete {
+	if !s.dec.complete && s.r.ProtoMajor == 1 {
 		// An HTTP/1 response sent before the request ended closes the
-		// connection (the connection manager drains it).
+		// connection (the connection manager drains it); HTTP/2 resets
+		// just the stream.
 		h.Set("Connection", "close")
 	}
 	if _, ok := s.respMap.Get("content-length"); !ok && eos && !isBodilessStatus(status) {

@@ -43,22 +43,33 @@ type upstream struct {
 	mu    sync.Mutex
 	reqs  []recordedRequest
 	reply func(w http.ResponseWriter, r *http.Request, body []byte)
+	// arrived, if set, is called when a request's headers arrive, before
+	// its body is read.
+	arrived func(r *http.Request)
 }
 
 type recordedRequest struct {
 	Method, Path, Host string
 	Header             http.Header
 	Body               []byte
+	BodyErr            error // why reading the body ended early (the request was reset), if it did
+	Trailer            http.Header
 	ContentLength      int64
 }
 
 func newUpstream(t testing.TB) *upstream {
 	u := &upstream{}
 	u.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		body, _ := io.ReadAll(r.Body)
+		u.mu.Lock()
+		arrived := u.arrived
+		u.mu.Unlock()
+		if arrived != nil {
+			arrived(r)
+		}
+		body, err := io.ReadAll(r.Body)
 		u.mu.Lock()
 		u.reqs = append(u.reqs, recordedRequest{Method: r.Method, Path: r.URL.RequestURI(), Host: r.Host,
-			Header: r.Header.Clone(), Body: body, ContentLength: r.ContentLength})
+			Header: r.Header.Clone(), Body: body, BodyErr: err, Trailer: r.Trailer.Clone(), ContentLength: r.ContentLength})
 		reply := u.reply
 		u.mu.Unlock()
 		if reply != nil {

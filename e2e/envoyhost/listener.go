@@ -44,6 +44,7 @@ func (l *listener) start() error {
 		ConnContext: func(ctx context.Context, _ net.Conn) context.Context {
 			return context.WithValue(ctx, connIDKey{}, l.connID.Add(1))
 		},
+		Protocols: l.cfg.Codec.protocols(),
 	}
 	l.host.bg.Add(1)
 	go func() {
@@ -54,6 +55,17 @@ func (l *listener) start() error {
 	}()
 	l.host.log.Info("listening", "listener", l.cfg.Name, "address", ln.Addr().String())
 	return nil
+}
+
+// protocols is what the listener's codec accepts on a cleartext connection
+// (envoy conn_manager_impl.cc createCodec: AUTO looks for the HTTP/2
+// preface, source/common/http/utility.cc; net/http's unencrypted HTTP/2 is
+// prior knowledge only, like Envoy's).
+func (c Codec) protocols() *http.Protocols {
+	var p http.Protocols
+	p.SetHTTP1(c != CodecHTTP2)
+	p.SetUnencryptedHTTP2(c != CodecHTTP1)
+	return &p
 }
 
 func (l *listener) stop(ctx context.Context) {
@@ -115,7 +127,10 @@ func (s *stream) run() {
 	_ = rc.EnableFullDuplex()
 	s.reqMap = requestHeaderMap(s.r)
 	s.lis.mutateRequestHeaders(s.reqMap, s.remoteAddr)
-	eos := s.r.Body == nil || s.r.Body == http.NoBody || s.r.ContentLength == 0
+	// A request declaring trailers is not over at its headers even with
+	// Content-Length: 0 (HTTP/2: HEADERS, then trailers).
+	eos := s.r.Body == nil || s.r.Body == http.NoBody ||
+		(s.r.ContentLength == 0 && !(s.r.ProtoMajor == 2 && len(s.r.Trailer) > 0))
 	if !eos {
 		s.reqPermit = make(chan struct{}, 1)
 		s.readerDone = make(chan struct{})
@@ -163,6 +178,11 @@ func (s *stream) handle(ev streamEvent) {
 		s.grantRead()
 		if hook := s.host.testHookRequestData.Load(); hook != nil {
 			(*hook)(s.lis.cfg.Name, len(ev.data), ev.eos)
+		}
+	case evReqTrailers:
+		s.onRequestTrailers(ev.trailers)
+		if hook := s.host.testHookRequestData.Load(); hook != nil {
+			(*hook)(s.lis.cfg.Name, 0, true)
 		}
 	case evReqError:
 		s.resetStream()
@@ -227,6 +247,26 @@ func requestHeaderMap(r *http.Request) *HeaderMap {
 	}
 	if _, ok := m.Get("x-request-id"); !ok {
 		m.Add("x-request-id", newUUID())
+	}
+	return m
+}
+
+// requestTrailerMap is the trailers as Envoy's HTTP/2 codec presents them:
+// keys lower-cased (sorted: net/http does not keep their order); declared
+// trailers that never came are absent.
+func requestTrailerMap(t http.Header) *HeaderMap {
+	keys := make([]string, 0, len(t))
+	for k, vs := range t {
+		if len(vs) > 0 {
+			keys = append(keys, k)
+		}
+	}
+	sort.Strings(keys)
+	m := NewHeaderMap()
+	for _, k := range keys {
+		for _, v := range t[k] {
+			m.Add(strings.ToLower(k), v)
+		}
 	}
 	return m
 }

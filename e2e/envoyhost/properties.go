@@ -252,6 +252,10 @@ func (s *stream) requestProperty(key string) (propValue, bool) {
 		}
 		return propValue{}, false
 	case "protocol":
+		// Http::Utility::getProtocolString.
+		if s.r.ProtoMajor == 2 {
+			return pString("HTTP/2")
+		}
 		return pString("HTTP/1.1")
 	case "path":
 		return header(":path")

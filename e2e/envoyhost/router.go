@@ -385,6 +385,21 @@ func (s *stream) routerData(data []byte, eos bool) {
 	}
 }
 
+// routerTrailers is the router's decodeTrailers: the request is complete
+// (the route timeout starts). The upstream is HTTP/1, whose codec ends the
+// body and drops the trailers unless http_protocol_options.enable_trailers
+// is set (envoy source/common/http/http1/codec_impl.cc encodeTrailersBase),
+// which this host does not offer.
+func (s *stream) routerTrailers() {
+	if s.up == nil || s.localReplySent {
+		return
+	}
+	if s.up.body != nil {
+		s.up.body.write(nil, true)
+	}
+	s.startRouteTimer()
+}
+
 func (s *stream) grantUpstreamRead() {
 	if s.up == nil || s.finished {
 		return

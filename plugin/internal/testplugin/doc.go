@@ -124,6 +124,10 @@
 //	x-tp-got / x-tp-got-error   see x-tp-get
 //	x-tp-req-trailers        number of request trailers seen by on_request_trailers
 //	                         (absent if it was not called)
+//	x-tp-trailers-body-len   in on_request_trailers, the length GetHttpRequestBody read
+//	                         (or its error name)
+//	x-tp-trailers-header     in on_request_trailers, the status of
+//	                         ReplaceHttpRequestHeader("x-tp-trailers-seen", <trailer count>)
 //
 // on_log reads request :path and response :status and logs them at info as
 // "testplugin log: path=P status=S"; on_done and on_delete only bookkeep.

@@ -37,6 +37,9 @@ type httpContext struct {
 	headerAfterBody string
 	got, gotErr     string
 	reqTrailers     string
+	// In on_request_trailers: the request body length read there, or the
+	// error name, and the status of a request header replace.
+	trailersBody, trailersHeader string
 }
 
 func (h *httpContext) maybePanic(callback string) {
@@ -458,8 +461,20 @@ func (h *httpContext) OnHttpRequestTrailers(int) types.Action {
 		k, v := splitKV(h.trailerAdd)
 		h.logErr("add trailer", proxywasm.AddHttpRequestTrailer(k, v))
 	}
+	// What a body-based filter would need here: the buffered body and
+	// writable request headers.
+	if body, err := proxywasm.GetHttpRequestBody(0, maxTrailersBodyRead); err != nil {
+		h.trailersBody = errName(err)
+	} else {
+		h.trailersBody = strconv.Itoa(len(body))
+	}
+	h.trailersHeader = errName(proxywasm.ReplaceHttpRequestHeader("x-tp-trailers-seen", h.reqTrailers))
 	return types.ActionContinue
 }
+
+// maxTrailersBodyRead bounds the body read in on_request_trailers (the host
+// clips the read to the buffer).
+const maxTrailersBodyRead = 1 << 24
 
 func (h *httpContext) OnHttpResponseHeaders(numHeaders int, _ bool) types.Action {
 	h.maybePanic("response_headers")
@@ -479,6 +494,8 @@ func (h *httpContext) OnHttpResponseHeaders(numHeaders int, _ bool) types.Action
 	}
 	if h.reqTrailers != "" {
 		add("x-tp-req-trailers", h.reqTrailers)
+		add("x-tp-trailers-body-len", h.trailersBody)
+		add("x-tp-trailers-header", h.trailersHeader)
 	}
 	if h.gotErr != "" {
 		add("x-tp-got-error", h.gotErr)
