@@ -198,6 +198,10 @@ func (s *stream) routerHeaders(eos bool) {
 	s.route = route
 	s.routeName = route.Name
 	if dr := route.DirectResponse; dr != nil {
+		// Router::Filter::decodeHeaders: the router answers with a local
+		// reply, details "direct_response" (StreamInfo::ResponseCodeDetails
+		// DirectResponse), which goes through the encoder filters; no
+		// upstream host is ever set.
 		s.sendLocalReply(&localReply{code: dr.Status, body: []byte(dr.Body),
 			headers: route.ResponseHeadersToAdd, details: "direct_response"})
 		return
@@ -414,7 +418,8 @@ func (s *stream) grantUpstreamRead() {
 }
 
 // onUpstreamHeaders: the router adds x-envoy-upstream-service-time and
-// hands the response to the encoder filters.
+// hands the response to the encoder filters (envoy source/common/router/
+// router.cc Filter::onUpstreamHeaders).
 func (s *stream) onUpstreamHeaders(resp *http.Response) {
 	s.up.gotHeader = true
 	m := responseHeaderMap(resp)
@@ -428,7 +433,10 @@ func (s *stream) onUpstreamHeaders(resp *http.Response) {
 		m.Add(p.Key, p.Value)
 	}
 	eos := resp.Body == http.NoBody || resp.ContentLength == 0 || resp.Request.Method == http.MethodHead
+	// Router::Filter::onUpstreamHeaders sets the details and the response
+	// code before the encoder filters see the headers.
 	s.details = "via_upstream"
+	s.responseCode = resp.StatusCode
 	s.encodeHeaders(m, eos)
 	s.grantUpstreamRead()
 }

@@ -93,6 +93,10 @@
 //	x-tp-panic-in: CALLBACK    panic (trap) in request_headers | request_body |
 //	                           response_headers | response_body | log
 //	x-tp-trailer-add: k=v      AddHttpRequestTrailer(k, v) in on_request_trailers
+//	x-tp-resp-property: P,Q    in on_response_headers, GetProperty of each dotted path;
+//	                           response header x-tp-resp-property-<path> = the value
+//	                           (text as is, 8-byte numbers as "int:N", else "hex:..."),
+//	                           or the error name
 //	x-tp-resp-call: CLUSTER    on_response_headers dispatches GET / to CLUSTER and returns
 //	                           Pause; the callback sets response header
 //	                           x-tp-resp-call-status (:status of the reply, or "failed")

@@ -31,6 +31,7 @@ type httpContext struct {
 	respBodyMode string
 	respCall     string
 	trailerAdd   string
+	respProperty string
 
 	bodyCalls       []string
 	bodyLen         int // -1 until the body is read at end of stream
@@ -77,6 +78,7 @@ func (h *httpContext) OnHttpRequestHeaders(_ int, endOfStream bool) types.Action
 	h.respBodyMode = requestHeader("x-tp-resp-body")
 	h.respCall = requestHeader("x-tp-resp-call")
 	h.trailerAdd = requestHeader("x-tp-trailer-add")
+	h.respProperty = requestHeader("x-tp-resp-property")
 
 	if status := requestHeader("x-tp-local-reply"); status != "" {
 		return h.localReplyFromHeaders(status)
@@ -505,6 +507,11 @@ func (h *httpContext) OnHttpResponseHeaders(numHeaders int, _ bool) types.Action
 	if mutates(h.respBodyMode) {
 		h.logErr("remove response content-length", proxywasm.RemoveHttpResponseHeader("content-length"))
 	}
+	for _, path := range strings.Split(h.respProperty, ",") {
+		if path = strings.TrimSpace(path); path != "" {
+			add("x-tp-resp-property-"+path, propertyText(path))
+		}
+	}
 	if h.respCall != "" {
 		return h.responseCall()
 	}
@@ -559,4 +566,27 @@ func (h *httpContext) OnHttpStreamDone() {
 	status, _ := proxywasm.GetHttpResponseHeader(":status")
 	proxywasm.LogInfof("testplugin log: path=%s status=%s", path, status)
 	h.plugin.metrics.active.Add(-1)
+}
+
+// propertyText reads a property for a response header: the value if it is
+// printable text, "int:N" for an 8-byte number, else "hex:..."; or the
+// error name.
+func propertyText(path string) string {
+	value, err := proxywasm.GetProperty(strings.Split(path, "."))
+	if err != nil {
+		return errName(err)
+	}
+	for _, c := range value {
+		if c < 0x20 || c > 0x7e {
+			if len(value) == 8 {
+				var n int64
+				for i := 7; i >= 0; i-- {
+					n = n<<8 | int64(value[i])
+				}
+				return "int:" + strconv.FormatInt(n, 10)
+			}
+			return "hex:" + hex.EncodeToString(value)
+		}
+	}
+	return string(value)
 }
