@@ -41,9 +41,10 @@ type BootstrapOptions struct {
 }
 
 // supportedFields lists, per message type, the fields the host implements.
-// Listed but not enforced: circuit breaker thresholds, request and stream
-// idle timeouts, route idle_timeout, node and stat_prefix (accepted so the
-// project's bootstrap loads; they change no tested behaviour).
+// Listed but not enforced: circuit breaker thresholds, request_timeout,
+// request_headers_timeout, route idle_timeout, node and stat_prefix
+// (accepted so the project's bootstrap loads; they change no tested
+// behaviour).
 var supportedFields = map[protoreflect.FullName][]string{
 	"envoy.config.bootstrap.v3.Bootstrap":                                               {"admin", "node", "static_resources"},
 	"envoy.config.bootstrap.v3.Bootstrap.StaticResources":                               {"listeners", "clusters"},
@@ -235,6 +236,13 @@ func convertListener(l *listenerv3.Listener, opts BootstrapOptions) (ListenerCon
 	lc.UseRemoteAddress = hcm.GetUseRemoteAddress().GetValue()
 	lc.NormalizePath = hcm.GetNormalizePath().GetValue()
 	lc.MergeSlashes = hcm.GetMergeSlashes()
+	if d := hcm.GetStreamIdleTimeout(); d != nil {
+		// 0s disables it (envoy http_connection_manager.proto).
+		lc.StreamIdleTimeout = -1
+		if v := d.AsDuration(); v > 0 {
+			lc.StreamIdleTimeout = v
+		}
+	}
 	rc := hcm.GetRouteConfig()
 	if rc == nil {
 		return lc, errors.New("an inline route_config is required (no RDS)")

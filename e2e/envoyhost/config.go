@@ -51,7 +51,10 @@ const (
 	DefaultWorkers          = 2
 	DefaultBufferLimitBytes = 1 << 20 // listener per_connection_buffer_limit_bytes
 	DefaultRouteTimeout     = 15 * time.Second
-	DefaultReloadBackoff    = time.Second
+	// DefaultStreamIdleTimeout is the connection manager's
+	// stream_idle_timeout when unset.
+	DefaultStreamIdleTimeout = 5 * time.Minute
+	DefaultReloadBackoff     = time.Second
 	// DefaultOriginalDstHeader is this project's routing header; note that
 	// Envoy's own default for use_http_header without a name is
 	// x-envoy-original-dst-host (LoadBootstrap keeps Envoy's default).
@@ -105,6 +108,11 @@ type ListenerConfig struct {
 	// Codec is the connection manager's codec_type: which protocols the
 	// listener accepts.
 	Codec Codec
+	// StreamIdleTimeout is stream_idle_timeout: a stream on which no
+	// bytes move for this long gets a local reply (408 if the request was
+	// not fully received, 504 if it was). 0 means Envoy's 5 minutes,
+	// negative none.
+	StreamIdleTimeout time.Duration
 	// HTTP connection manager options.
 	UseRemoteAddress bool // append the peer address to x-forwarded-for
 	NormalizePath    bool // RFC 3986 dot-segment removal before the filters
@@ -309,6 +317,9 @@ func (c *Config) withDefaults() (Config, error) {
 		}
 		if l.BufferLimitBytes == 0 {
 			l.BufferLimitBytes = DefaultBufferLimitBytes
+		}
+		if l.StreamIdleTimeout == 0 {
+			l.StreamIdleTimeout = DefaultStreamIdleTimeout
 		}
 		if l.Plugin != nil {
 			p := *l.Plugin

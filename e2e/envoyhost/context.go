@@ -355,9 +355,7 @@ func (c *wasmContext) closeStream(typ uint32) WasmResult {
 	switch typ {
 	case streamRequest, streamResponse:
 		if st != nil {
-			if st.details == "" {
-				st.details = "wasm_close_stream"
-			}
+			st.setDetailsIfUnset("wasm_close_stream")
 			c.vm.after = append(c.vm.after, func() { st.queueReset() })
 		}
 		return ResultOK

@@ -76,7 +76,15 @@
 //     accepts or rejects the configuration), then one VM for the main thread
 //     and one per worker; plugins whose vm key matches share those VMs, each
 //     with its own root context; shared data per vm_id with one CAS counter;
-//     tick timers per root context; proxy_done at shutdown;
+//     tick timers per root context, re-armed after each on_tick; proxy_done
+//     at shutdown;
+//   - holding streams: proxy_set_effective_context (reset for every
+//     callback), continuing, closing or answering a paused stream from a
+//     tick (queued until the callback returns; continuing drops the header
+//     maps at once, while a buffered body stays readable), a client reset
+//     while held (on_log, on_done, on_delete, then the id is gone),
+//     stream_idle_timeout (408 while the request is still coming, 504 once
+//     it is complete);
 //   - HTTP: listeners speaking HTTP/1.1 and cleartext HTTP/2 with prior
 //     knowledge (codec_type AUTO, HTTP1, HTTP2), running each request
 //     through the filter on a worker VM (round robin); Envoy's header-map,
@@ -127,8 +135,9 @@
 //     stat per name, so increments from all workers add up and a record
 //     (set) from any worker replaces the value, as in Envoy.
 //   - No gRPC callouts, no foreign functions; path normalisation removes dot
-//     segments and merges slashes only; circuit breakers and idle timeouts
-//     are accepted and not enforced.
+//     segments and merges slashes only; circuit breakers, request_timeout,
+//     request_headers_timeout and the route's idle_timeout are accepted and
+//     not enforced.
 //   - A trap in a root context's on_context_create refuses the plugin
 //     (cpp-host would go on calling on_vm_start on the failed VM).
 package envoyhost

@@ -32,6 +32,7 @@ const (
 	evUpData
 	evUpError
 	evRouteTimeout
+	evIdleTimeout
 )
 
 type streamEvent struct {
@@ -102,7 +103,9 @@ type stream struct {
 	accessLogPhase                                     bool
 	logReqHeaders, logRespHeaders, logRespTrailers     *HeaderMap
 	filterState                                        map[string][]byte
-	details                                            string
+	// details is the response code details; guarded by pmu, since a host
+	// call on another goroutine (a tick acting on this stream) may set it.
+	details string
 
 	// Actions queued by callbacks (possibly of other contexts).
 	pmu             sync.Mutex
@@ -129,20 +132,24 @@ type stream struct {
 	up          *upstreamCall
 	upGen       int
 	routeTimer  Timer
+	idleTimer   Timer
+	idleGen     int
 	upstreamRTT time.Time
 
-	// Stream info.
+	// Stream info. What properties read while a host call on another
+	// goroutine may act on this stream (a tick through the effective
+	// context) is atomic or written under vm.mu.
 	startTime     time.Time
 	remoteAddr    string
 	localAddr     string
 	connID        uint64
-	bytesReceived int64
-	bytesSent     int64
-	responseCode  int
-	upstreamHost  string
-	clusterName   string
-	routeName     string
-	completeAfter time.Duration
+	bytesReceived atomic.Int64
+	bytesSent     atomic.Int64
+	responseCode  atomic.Int64
+	upstreamHost  string        // vm.mu
+	clusterName   string        // vm.mu
+	routeName     string        // vm.mu
+	completeAfter time.Duration // vm.mu
 }
 
 func (s *stream) filterActive() bool { return s.mode == filterActive && s.wctx != nil }
@@ -153,6 +160,28 @@ func (s *stream) wake() {
 	case s.events <- streamEvent{kind: evWake}:
 	default:
 	}
+}
+
+func (s *stream) setDetails(d string) {
+	s.pmu.Lock()
+	s.details = d
+	s.pmu.Unlock()
+}
+
+// setDetailsIfUnset is streamInfo().setResponseCodeDetails guarded by
+// !responseCodeDetails().has_value().
+func (s *stream) setDetailsIfUnset(d string) {
+	s.pmu.Lock()
+	if s.details == "" {
+		s.details = d
+	}
+	s.pmu.Unlock()
+}
+
+func (s *stream) getDetails() string {
+	s.pmu.Lock()
+	defer s.pmu.Unlock()
+	return s.details
 }
 
 func (s *stream) queueLocalReply(r *localReply) {
@@ -551,6 +580,13 @@ func (s *stream) filterData(d *direction, data []byte, eos bool, response bool) 
 	case dataStopIterationAndBuffer:
 		d.buffering = true
 	}
+	if status == dataStopIterationAndBuffer || status == dataStopIterationAndWatermark {
+		// commonHandleBufferData, under the VM's lock: while buffering the
+		// body is readable from other goroutines (the effective context).
+		d.buffered = append(d.buffered, d.chunk...)
+		d.hasBuffer = true
+		d.chunk = nil
+	}
 	unlock()
 	if s.handleUrgent() || s.finished {
 		return
@@ -569,9 +605,6 @@ func (s *stream) filterData(d *direction, data []byte, eos bool, response bool) 
 	case dataStopIterationAndBuffer, dataStopIterationAndWatermark:
 		d.iter = iterStopSingle
 		d.streaming = status == dataStopIterationAndWatermark
-		d.buffered = append(d.buffered, d.chunk...)
-		d.hasBuffer = true
-		d.chunk = nil
 		if len(d.buffered) > limit {
 			s.bufferOverLimit(d, response)
 			return
@@ -655,8 +688,12 @@ func (s *stream) commonContinue(d *direction, response bool) {
 		}
 	}
 	if d.hasBuffer && !s.finished {
+		// Under the VM's lock: the body may be read through the effective
+		// context from another goroutine while buffering.
+		unlock := s.lockVM()
 		data := d.buffered
 		d.buffered, d.hasBuffer = nil, false
+		unlock()
 		if fromThis {
 			s.filterData(d, data, d.complete && !hasTrailers, response)
 		} else {
@@ -803,7 +840,7 @@ func (s *stream) writeHeaders(eos bool) {
 			status = n
 		}
 	}
-	s.responseCode = status
+	s.responseCode.Store(int64(status))
 	h := s.w.Header()
 	for _, p := range s.respMap.Pairs() {
 		if strings.HasPrefix(p.Key, ":") || hopByHop[p.Key] {
@@ -846,7 +883,7 @@ func (s *stream) writeData(data []byte, eos bool) {
 	}
 	if len(data) > 0 {
 		n, err := s.w.Write(data)
-		s.bytesSent += int64(n)
+		s.bytesSent.Add(int64(n))
 		if err != nil {
 			s.resetStream()
 			return
@@ -865,6 +902,41 @@ func (s *stream) writeData(data []byte, eos bool) {
 var hopByHop = map[string]bool{"connection": true, "keep-alive": true, "transfer-encoding": true,
 	"upgrade": true, "proxy-connection": true, "te": true}
 
+// --- stream idle timeout ------------------------------------------------
+
+// resetIdleTimer re-arms stream_idle_timeout: bytes moved on the stream
+// (envoy conn_manager_impl.cc ActiveStream::resetIdleTimer, called from
+// the filter manager's decodeData and the encode path).
+func (s *stream) resetIdleTimer() {
+	d := s.lis.cfg.StreamIdleTimeout
+	if d <= 0 || s.finished {
+		return
+	}
+	if s.idleTimer != nil {
+		s.idleTimer.Stop()
+	}
+	s.idleGen++
+	gen := s.idleGen
+	s.idleTimer = s.host.clock.AfterFunc(d, func() {
+		s.send(streamEvent{kind: evIdleTimeout, gen: gen})
+	})
+}
+
+// onIdleTimeout is ActiveStream::onIdleTimeout: a local reply, 408 while
+// the request is still coming, 504 once it is complete
+// (Utility::maybeRequestTimeoutCode), details stream_idle_timeout; a reset
+// if the response has started.
+func (s *stream) onIdleTimeout(gen int) {
+	if gen != s.idleGen || s.finished {
+		return
+	}
+	code := http.StatusRequestTimeout
+	if s.dec.complete {
+		code = http.StatusGatewayTimeout
+	}
+	s.sendLocalReply(&localReply{code: code, body: []byte("stream timeout"), details: "stream_idle_timeout"})
+}
+
 // --- local replies ------------------------------------------------------
 
 // sendLocalReply is FilterManager::sendLocalReply with envoy's
@@ -876,7 +948,7 @@ func (s *stream) sendLocalReply(r *localReply) {
 		return
 	}
 	s.localReplySent = true
-	s.details = r.details
+	s.setDetails(r.details)
 	s.cancelUpstream()
 	if s.headersWritten {
 		s.resetStream()
@@ -938,16 +1010,23 @@ func (s *stream) finish() {
 	if s.routeTimer != nil {
 		s.routeTimer.Stop()
 	}
+	if s.idleTimer != nil {
+		s.idleTimer.Stop()
+	}
 }
 
 // complete runs on_log, on_done and on_delete (context.cc log and
 // onDestroy; the access log runs before the filters are destroyed).
 func (s *stream) complete() {
-	s.completeAfter = s.host.clock.Now().Sub(s.startTime)
+	completeAfter := s.host.clock.Now().Sub(s.startTime)
+	if s.vm == nil {
+		s.completeAfter = completeAfter
+	}
 	if s.mode != filterSkipped && s.wctx != nil {
 		s.onCreate()
 		vm := s.vm
 		vm.mu.Lock()
+		s.completeAfter = completeAfter
 		s.accessLogPhase = true
 		s.logReqHeaders, s.logRespHeaders, s.logRespTrailers = s.reqMap, s.respMap, s.respTrailers
 		if !vm.isFailedLocked() && vm.has("proxy_on_log") {
@@ -974,7 +1053,7 @@ func (s *stream) complete() {
 			path, _ = s.reqMap.Get(":path")
 		}
 		s.host.cfg.AccessLog(AccessLogEntry{Listener: s.lis.cfg.Name, Method: method, Path: path,
-			Status: s.responseCode, Details: s.details, UpstreamHost: s.upstreamHost,
-			BytesSent: s.bytesSent, Duration: s.completeAfter})
+			Status: int(s.responseCode.Load()), Details: s.getDetails(), UpstreamHost: s.upstreamHost,
+			BytesSent: s.bytesSent.Load(), Duration: s.completeAfter})
 	}
 }

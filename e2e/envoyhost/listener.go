@@ -137,6 +137,7 @@ func (s *stream) run() {
 		s.readerBusy.Store(true)
 		go s.readRequestBody()
 	}
+	s.resetIdleTimer()
 	s.decodeHeaders(eos)
 	s.grantRead()
 	for !s.finished {
@@ -173,27 +174,33 @@ func (s *stream) handle(ev streamEvent) {
 	case evWake:
 		s.processPending()
 	case evReqData:
-		s.bytesReceived += int64(len(ev.data))
+		s.resetIdleTimer()
+		s.bytesReceived.Add(int64(len(ev.data)))
 		s.onRequestData(ev.data, ev.eos)
 		s.grantRead()
 		if hook := s.host.testHookRequestData.Load(); hook != nil {
 			(*hook)(s.lis.cfg.Name, len(ev.data), ev.eos)
 		}
 	case evReqTrailers:
+		s.resetIdleTimer()
 		s.onRequestTrailers(ev.trailers)
 		if hook := s.host.testHookRequestData.Load(); hook != nil {
 			(*hook)(s.lis.cfg.Name, 0, true)
 		}
 	case evReqError:
 		s.resetStream()
+	case evIdleTimeout:
+		s.onIdleTimeout(ev.gen)
 	case evUpHeaders:
 		if s.up != nil && ev.gen == s.up.gen {
+			s.resetIdleTimer()
 			s.onUpstreamHeaders(ev.resp)
 		} else {
 			ev.resp.Body.Close()
 		}
 	case evUpData:
 		if s.up != nil && ev.gen == s.up.gen {
+			s.resetIdleTimer()
 			s.encodeData(ev.data, ev.eos)
 			s.grantUpstreamRead()
 		}

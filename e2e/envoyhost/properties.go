@@ -239,9 +239,9 @@ func (s *stream) requestProperty(key string) (propValue, bool) {
 				}
 			}
 		}
-		return pInt(s.bytesReceived)
+		return pInt(s.bytesReceived.Load())
 	case "total_size":
-		n := s.bytesReceived
+		n := s.bytesReceived.Load()
 		if h != nil {
 			n += int64(h.ByteSize())
 		}
@@ -302,23 +302,25 @@ func (s *stream) responseProperty(key string) (propValue, bool) {
 	h := s.activeResponseHeaders()
 	switch key {
 	case "code":
-		if s.responseCode == 0 {
+		code := s.responseCode.Load()
+		if code == 0 {
 			return propValue{}, false
 		}
-		return pInt(int64(s.responseCode))
+		return pInt(code)
 	case "code_details":
-		if s.details == "" {
+		d := s.getDetails()
+		if d == "" {
 			return propValue{}, false
 		}
-		return pString(s.details)
+		return pString(d)
 	case "headers":
 		return headersProperty(h), true
 	case "trailers":
 		return headersProperty(s.respTrailers), true
 	case "size":
-		return pInt(s.bytesSent)
+		return pInt(s.bytesSent.Load())
 	case "total_size":
-		n := s.bytesSent
+		n := s.bytesSent.Load()
 		if h != nil {
 			n += int64(h.ByteSize())
 		}

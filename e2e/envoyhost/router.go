@@ -190,37 +190,14 @@ func (s *stream) routerHeaders(eos bool) {
 	if s.localReplySent || s.finished {
 		return
 	}
-	route := s.lis.route(s.reqMap)
-	if route == nil {
-		s.sendLocalReply(&localReply{code: http.StatusNotFound, details: "route_not_found"})
-		return
-	}
-	s.route = route
-	s.routeName = route.Name
-	if dr := route.DirectResponse; dr != nil {
-		// Router::Filter::decodeHeaders: the router answers with a local
-		// reply, details "direct_response" (StreamInfo::ResponseCodeDetails
-		// DirectResponse), which goes through the encoder filters; no
-		// upstream host is ever set.
-		s.sendLocalReply(&localReply{code: dr.Status, body: []byte(dr.Body),
-			headers: route.ResponseHeadersToAdd, details: "direct_response"})
-		return
-	}
-	c := s.host.clusters[route.Cluster]
-	s.clusterName = c.cfg.Name
-	addr := c.pick(s.reqMap)
-	if addr == "" {
-		s.host.stats.add(c.noneHealthy, 1)
-		s.sendLocalReply(&localReply{code: http.StatusServiceUnavailable,
-			body: []byte("no healthy upstream"), details: "no_healthy_upstream"})
-		return
-	}
-	s.upstreamHost = addr
-	s.host.stats.add(c.rqTotal, 1)
-	req, err := s.upstreamRequest(addr, eos)
-	if err != nil {
-		s.sendLocalReply(&localReply{code: http.StatusBadRequest, body: []byte("Bad Request"),
-			details: "envoyhost_bad_upstream_request{" + replaceAllEmptySpace(err.Error()) + "}"})
+	// The headers are read under the VM's lock: a host call on another
+	// goroutine (a tick acting on this stream through the effective
+	// context) may still reach them.
+	unlock := s.lockVM()
+	c, req, reply := s.pickUpstream(eos)
+	unlock()
+	if reply != nil {
+		s.sendLocalReply(reply)
 		return
 	}
 	s.upGen++
@@ -241,6 +218,41 @@ func (s *stream) routerHeaders(eos bool) {
 	if eos {
 		s.startRouteTimer()
 	}
+}
+
+// pickUpstream chooses the route and the host and builds the upstream
+// request, or returns the local reply the router answers with.
+func (s *stream) pickUpstream(eos bool) (*cluster, *http.Request, *localReply) {
+	route := s.lis.route(s.reqMap)
+	if route == nil {
+		return nil, nil, &localReply{code: http.StatusNotFound, details: "route_not_found"}
+	}
+	s.route = route
+	s.routeName = route.Name
+	if dr := route.DirectResponse; dr != nil {
+		// Router::Filter::decodeHeaders: the router answers with a local
+		// reply, details "direct_response" (StreamInfo::ResponseCodeDetails
+		// DirectResponse), which goes through the encoder filters; no
+		// upstream host is ever set.
+		return nil, nil, &localReply{code: dr.Status, body: []byte(dr.Body),
+			headers: route.ResponseHeadersToAdd, details: "direct_response"}
+	}
+	c := s.host.clusters[route.Cluster]
+	s.clusterName = c.cfg.Name
+	addr := c.pick(s.reqMap)
+	if addr == "" {
+		s.host.stats.add(c.noneHealthy, 1)
+		return nil, nil, &localReply{code: http.StatusServiceUnavailable,
+			body: []byte("no healthy upstream"), details: "no_healthy_upstream"}
+	}
+	s.upstreamHost = addr
+	s.host.stats.add(c.rqTotal, 1)
+	req, err := s.upstreamRequest(addr, eos)
+	if err != nil {
+		return nil, nil, &localReply{code: http.StatusBadRequest, body: []byte("Bad Request"),
+			details: "envoyhost_bad_upstream_request{" + replaceAllEmptySpace(err.Error()) + "}"}
+	}
+	return c, req, nil
 }
 
 // route finds the virtual host by :authority and the first route whose
@@ -435,8 +447,8 @@ func (s *stream) onUpstreamHeaders(resp *http.Response) {
 	eos := resp.Body == http.NoBody || resp.ContentLength == 0 || resp.Request.Method == http.MethodHead
 	// Router::Filter::onUpstreamHeaders sets the details and the response
 	// code before the encoder filters see the headers.
-	s.details = "via_upstream"
-	s.responseCode = resp.StatusCode
+	s.setDetails("via_upstream")
+	s.responseCode.Store(int64(resp.StatusCode))
 	s.encodeHeaders(m, eos)
 	s.grantUpstreamRead()
 }

@@ -670,18 +670,26 @@ func (vm *VM) armTimer(rootID uint32, t *vmTimer) {
 	t.timer = vm.host.clock.AfterFunc(t.period, func() { vm.tick(rootID, gen) })
 }
 
+// tick is envoy wasm.cc Wasm::tickHandler: on_tick for the root context,
+// then the root's current timer (a new one if on_tick changed the period)
+// is armed again with the current period, so the real period is the
+// period plus the time on_tick took.
 func (vm *VM) tick(rootID uint32, gen int) {
 	vm.mu.Lock()
 	defer vm.mu.Unlock()
 	t := vm.timers[rootID]
-	if t == nil || t.gen != gen || vm.closed || vm.fail != FailOK {
+	if t == nil || t.gen != gen || vm.closed || vm.fail != FailOK || !vm.has("proxy_on_tick") {
 		return
 	}
-	root := vm.contexts[rootID]
-	if root != nil && vm.has("proxy_on_tick") {
+	t.timer = nil // this timer fired
+	if root := vm.contexts[rootID]; root != nil {
 		vm.callback(root, "proxy_on_tick", uint64(rootID))
 	}
-	if t.gen == gen && t.period > 0 && !vm.closed && vm.fail == FailOK {
+	if t.period > 0 && !vm.closed && vm.fail == FailOK {
+		if t.timer != nil {
+			t.timer.Stop()
+		}
+		t.gen++
 		vm.armTimer(rootID, t)
 	}
 }
