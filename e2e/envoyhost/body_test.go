@@ -149,30 +149,36 @@ func TestPayloadTooLargeWhenBuffering(t *testing.T) {
 	assert.Equal(t, http.StatusOK, resp.StatusCode)
 }
 
+// answerCalloutOnceRequestIn makes the upstream answer the callout on
+// /callout only once the host has the whole request (the last body chunk or
+// the trailers), so a resume from the callout comes after all of it
+// arrived; other paths are echoed.
+func (h *harness) answerCalloutOnceRequestIn() {
+	requestIn := make(chan struct{})
+	var once sync.Once
+	hook := func(_ string, _ int, eos bool) {
+		if eos {
+			once.Do(func() { close(requestIn) })
+		}
+	}
+	h.host.testHookRequestData.Store(&hook)
+	h.up.reply = func(w http.ResponseWriter, r *http.Request, body []byte) {
+		if r.URL.Path == "/callout" {
+			<-requestIn
+			_, _ = w.Write([]byte("called"))
+			return
+		}
+		_, _ = w.Write(body)
+	}
+}
+
 // Without allow_on_headers_stop_iteration, Pause in on_request_headers is
 // StopAllIterationAndWatermark: no body callback until the plugin resumes;
 // then the buffered body arrives in one callback and the headers can no
 // longer be changed.
 func TestPauseWithoutFlagHoldsBodyUntilResume(t *testing.T) {
 	h := newHarness(t, testPluginPkg)
-	// The callout is answered only once the host has the whole body, so
-	// the resume comes after all of it arrived.
-	bodyIn := make(chan struct{})
-	var once sync.Once
-	hook := func(_ string, _ int, eos bool) {
-		if eos {
-			once.Do(func() { close(bodyIn) })
-		}
-	}
-	h.host.testHookRequestData.Store(&hook)
-	h.up.reply = func(w http.ResponseWriter, r *http.Request, body []byte) {
-		if r.URL.Path == "/callout" {
-			<-bodyIn
-			_, _ = w.Write([]byte("called"))
-			return
-		}
-		_, _ = w.Write(body)
-	}
+	h.answerCalloutOnceRequestIn()
 	resp, body := h.chunkedRequest("/tp/http-call?cluster=static&path=/callout&resume=1",
 		nil, "part1-", "part2-", "part3")
 	require.Equal(t, http.StatusOK, resp.StatusCode, body)

@@ -170,6 +170,13 @@ func TestHeldStreamResetByClient(t *testing.T) {
 			}
 			assert.Equal(t, []string{"on_log", "on_done", "on_delete"}, order)
 			assert.Empty(t, h.up.requests())
+			infos := h.host.VMInfo("main")
+			require.Len(t, infos, 3, "main thread and two workers")
+			for _, vi := range infos {
+				assert.Zero(t, vi.Streams, "%s: the reset stream left the context table", vi.Thread)
+				assert.Equal(t, 1, vi.Roots, vi.Thread)
+				assert.NotZero(t, vi.MemoryBytes, vi.Thread)
+			}
 		})
 	}
 }

@@ -282,6 +282,57 @@ func (h *Host) ListenerAddr(name string) string {
 	return ""
 }
 
+// VMInfo is one VM running a listener's plugin, for tests that look for
+// leaks: its linear memory and the contexts in its table.
+type VMInfo struct {
+	Thread      string // "main", "worker_0", ...
+	MemoryBytes uint64 // the guest's linear memory size
+	Roots       int    // root contexts in the VM's context table
+	Streams     int    // stream contexts in it (created and not yet deleted)
+}
+
+// VMInfo reports the VMs running the plugin of the named listener, by
+// thread (main first); nil for a listener without a plugin.
+func (h *Host) VMInfo(listener string) []VMInfo {
+	for _, l := range h.listeners {
+		if l.cfg.Name != listener || l.plugin == nil {
+			continue
+		}
+		p := l.plugin
+		p.mu.Lock()
+		threads := make([]int, 0, len(p.handles))
+		for t := range p.handles {
+			threads = append(threads, t)
+		}
+		sort.Ints(threads)
+		vms := make([]*VM, len(threads))
+		for i, t := range threads {
+			vms[i] = p.handles[t].vm
+		}
+		p.mu.Unlock()
+		out := make([]VMInfo, 0, len(vms))
+		for _, vm := range vms {
+			vm.mu.Lock()
+			info := VMInfo{Thread: vm.thread}
+			if vm.mem != nil && !vm.closed {
+				info.MemoryBytes = uint64(vm.mem.Size())
+			}
+			for _, c := range vm.contexts {
+				switch {
+				case c.stream != nil:
+					info.Streams++
+				case c.isRoot():
+					info.Roots++
+				}
+			}
+			vm.mu.Unlock()
+			out = append(out, info)
+		}
+		return out
+	}
+	return nil
+}
+
 // AdminAddr is the bound admin address (after Start), or "".
 func (h *Host) AdminAddr() string {
 	if h.adminLn == nil {

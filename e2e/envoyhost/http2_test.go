@@ -6,7 +6,6 @@ import (
 	"net"
 	"net/http"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -118,24 +117,7 @@ func TestHTTP2TrailersAfterBufferedBody(t *testing.T) {
 // without end_of_stream, and the headers are gone by then.
 func TestHTTP2TrailersAfterResume(t *testing.T) {
 	h := newHarness(t, testPluginPkg)
-	// The callout is answered once the trailers are in, so the resume comes
-	// after the whole request arrived.
-	requestIn := make(chan struct{})
-	var once sync.Once
-	hook := func(_ string, _ int, eos bool) {
-		if eos {
-			once.Do(func() { close(requestIn) })
-		}
-	}
-	h.host.testHookRequestData.Store(&hook)
-	h.up.reply = func(w http.ResponseWriter, r *http.Request, body []byte) {
-		if r.URL.Path == "/callout" {
-			<-requestIn
-			_, _ = w.Write([]byte("called"))
-			return
-		}
-		_, _ = w.Write(body)
-	}
+	h.answerCalloutOnceRequestIn()
 	resp, body := h.h2Request("/tp/http-call?cluster=static&path=/callout&resume=1", map[string]string{"X-Tp-Body": "buffer"},
 		map[string]string{"X-Checksum": "abc"}, "part1-", "part2")
 	require.Equal(t, http.StatusOK, resp.StatusCode, body)
