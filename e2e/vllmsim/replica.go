@@ -22,6 +22,11 @@ type ReplicaConfig struct {
 	// BlockSize tokens and rounded down to whole blocks.
 	KVCapacityTokens int
 	BlockSize        int
+	// EnablePrefixCaching turns on vLLM V1's automatic prefix caching (on
+	// by default in V1, --enable-prefix-caching): full KV blocks are kept
+	// by hash after their request ends, and a request whose leading blocks
+	// are cached skips their prefill.
+	EnablePrefixCaching bool
 	// MaxModelLen bounds prompt+output of one request.
 	MaxModelLen int
 	// MaxLoRAs is the number of adapters one batch may use (vLLM max_loras).
@@ -31,6 +36,47 @@ type ReplicaConfig struct {
 	// ×(1 + LoRASlowdownPerAdapter·A) (BLIS defaults, from arXiv 2508.08343).
 	LoRASlowdownPerAdapter float64
 	AdapterLoad            AdapterLoadConfig
+	// LoRAAdmission is how waiting requests meet the MaxLoRAs limit:
+	// LoRASkip (vLLM V1 since #15422, the default) or LoRAFIFO (the rule
+	// before it, kept to measure what the skip rule costs).
+	LoRAAdmission LoRAAdmission
+}
+
+// LoRAAdmission selects the rule for a waiting request whose adapter is not
+// in the step's batch when MaxLoRAs adapters already are.
+type LoRAAdmission uint8
+
+const (
+	// LoRASkip is vLLM V1's rule (vllm/v1/core/sched/scheduler.py,
+	// schedule(), "Scheduling would exceed max_loras, skip"): the request
+	// is set aside for this step and the requests behind it are still
+	// considered, so new requests of an adapter in the batch overtake it;
+	// it stays at its place in the waiting order for the next step.
+	LoRASkip LoRAAdmission = iota
+	// LoRAFIFO stops admitting at that request, as V1 did before #15422:
+	// strict arrival order, head-of-line blocking on adapter slots.
+	LoRAFIFO
+)
+
+func (a LoRAAdmission) String() string {
+	switch a {
+	case LoRASkip:
+		return "skip"
+	case LoRAFIFO:
+		return "fifo"
+	}
+	return fmt.Sprintf("LoRAAdmission(%d)", uint8(a))
+}
+
+// ParseLoRAAdmission reads "skip" or "fifo".
+func ParseLoRAAdmission(s string) (LoRAAdmission, error) {
+	switch s {
+	case "skip":
+		return LoRASkip, nil
+	case "fifo":
+		return LoRAFIFO, nil
+	}
+	return 0, fmt.Errorf("vllmsim: LoRA admission %q: want skip or fifo", s)
 }
 
 // AdapterLoadConfig prices bringing an adapter into one of the MaxLoRAs GPU
@@ -53,8 +99,9 @@ type AdapterLoadConfig struct {
 }
 
 // DefaultReplicaConfig returns the SIM-PARAMS.md defaults for a profile:
-// max_num_seqs 256, 2048 tokens per step, block size 16, the profile's KV
-// capacity and max_model_len, no LoRA (set MaxLoRAs to enable it), slowdown
+// max_num_seqs 256, 2048 tokens per step, block size 16 with prefix caching
+// on (vLLM V1's defaults), the profile's KV capacity and max_model_len, no
+// LoRA (set MaxLoRAs to enable it; waiting requests skip as in vLLM), slowdown
 // 0.02 per adapter, and a 32 MiB adapter (rank 16 on q,k,v,o of a 7B model)
 // loaded from CPU memory in 1.5 ms + size / 2 MB per µs.
 func DefaultReplicaConfig(p Profile) ReplicaConfig {
@@ -64,6 +111,7 @@ func DefaultReplicaConfig(p Profile) ReplicaConfig {
 		MaxNumBatchedTokens:    2048,
 		KVCapacityTokens:       p.KVCapacityTokens,
 		BlockSize:              16,
+		EnablePrefixCaching:    true,
 		MaxModelLen:            p.MaxModelLen,
 		MaxLoRAs:               0,
 		LoRASlowdownPerAdapter: 0.02,
@@ -104,6 +152,8 @@ func (c ReplicaConfig) Validate() error {
 		return errors.New("vllmsim: AdapterLoad.BytesPerMicrosecond must be positive when SizeBytes is set")
 	case c.MaxLoRAs > 0 && c.AdapterLoad.MaxCPUAdapters > 0 && c.AdapterLoad.MaxCPUAdapters < c.MaxLoRAs:
 		return errors.New("vllmsim: AdapterLoad.MaxCPUAdapters must be at least MaxLoRAs (as vLLM requires of max_cpu_loras)")
+	case c.LoRAAdmission > LoRAFIFO:
+		return fmt.Errorf("vllmsim: unknown %v", c.LoRAAdmission)
 	}
 	return nil
 }
@@ -122,13 +172,15 @@ var (
 // Submit on and must not be modified by the caller afterwards.
 type Request struct {
 	// ID is for the caller; the replica does not read it.
-	ID uint64
-	// Adapter names the LoRA adapter, "" for the base model.
-	Adapter      string
+	ID           uint64
 	PromptTokens int
 	// OutputTokens is how many tokens the request generates (the simulated
 	// generation always runs to this length, like ignore_eos).
 	OutputTokens int
+	// OutputSeed fixes the token ids the request generates
+	// (OutputToken(OutputSeed, i)); they are cached like prompt tokens once
+	// they fill a block.
+	OutputSeed uint64
 
 	// Arrival is the Submit time.
 	Arrival time.Duration
@@ -142,14 +194,42 @@ type Request struct {
 	CompletedAt time.Duration
 	// Preemptions counts how often the request lost its KV cache.
 	Preemptions int
+	// CachedTokens is vLLM's num_cached_tokens, what the response reports
+	// as usage.prompt_tokens_details.cached_tokens: the tokens found in the
+	// prefix cache when the request was first scheduled (a multiple of the
+	// block size, at most PromptTokens-1).
+	CachedTokens int
 
-	adapterID int
-	numTokens int // prompt + generated: the tokens whose KV must exist
-	computed  int // tokens whose KV is computed
-	blocks    int // KV blocks held
-	sched     int // tokens scheduled in the step in progress
+	// The engine's per-step loops read the fields from here to table; they
+	// are kept together (with the results above) so that a step touches few
+	// cache lines per request.
+	numTokens    int // prompt + generated: the tokens whose KV must exist
+	computed     int // tokens whose KV is computed
+	sched        int // tokens scheduled in the step in progress
+	state        requestState
+	scheduled    bool // scheduled at least once (CachedTokens is set)
+	adapterID    int
+	cachedBlocks int    // leading blocks of table registered in the cache
+	salt         uint64 // nonzero: a prompt without token ids (Prompt nil)
+	table        []int32
+	// hashes[i] is the hash of full block i of the request's tokens (prompt
+	// then generated), computed as tokens arrive (request_block_hasher).
+	hashes    []uint64
+	hashBlock int // block size the hashes were computed for, 0 = none
+	tail      []uint32
+	loraKey   uint64
+	expectHit int // prompt blocks cached when the request arrived
 	order     int64
-	state     requestState
+
+	// Adapter names the LoRA adapter, "" for the base model.
+	Adapter string
+	// Prompt holds the prompt's token ids when the caller knows them
+	// (len(Prompt) == PromptTokens): requests whose prompts start with the
+	// same full blocks of tokens, for the same adapter, share those KV
+	// blocks. Nil means a prompt that shares nothing with any other. The
+	// replica reads Prompt only until Submit returns (and in
+	// CachedPrefixTokens), so the caller may reuse the buffer afterwards.
+	Prompt []uint32
 }
 
 type requestState uint8
@@ -181,6 +261,12 @@ func (r *Request) TPOT() time.Duration {
 func (r *Request) Latency() time.Duration { return r.CompletedAt - r.Arrival }
 
 // Counters are cumulative totals since the replica was created.
+//
+// The prefix-cache counters follow vllm/v1/metrics/stats.py
+// (PrefixCacheStats.record, called at admission): a request scheduled from
+// the waiting queue adds its tokens (prompt plus generated so far) to the
+// queries and its cached prefix to the hits; lookups by requests that were
+// preempted before go to the Preempted fields instead.
 type Counters struct {
 	Steps int64
 	// BusyTime is the summed duration of all steps.
@@ -195,6 +281,12 @@ type Counters struct {
 	Aborted          int64
 	Preemptions      int64
 	AdapterLoads     int64
+	// PrefixQueries and PrefixHits are in tokens
+	// (vllm:prefix_cache_queries, vllm:prefix_cache_hits).
+	PrefixQueries          int64
+	PrefixHits             int64
+	PreemptedPrefixQueries int64
+	PreemptedPrefixHits    int64
 }
 
 // Metrics is the replica state as vLLM's /metrics would show it now.
@@ -212,11 +304,17 @@ type Metrics struct {
 	BlockSize       int
 	KVBlocksTotal   int
 	KVBlocksUsed    int
+	// PrefixCaching says whether automatic prefix caching is on;
+	// KVBlocksCached counts blocks that hold a cached full block (in use or
+	// free, evictable).
+	PrefixCaching  bool
+	KVBlocksCached int
 	Counters
 }
 
 type adapterState struct {
 	name string
+	key  uint64 // extra key of its block hashes
 	// queue holds this adapter's waiting requests in FCFS order.
 	queue        requestDeque
 	running      int   // running requests using it
@@ -228,9 +326,10 @@ type adapterState struct {
 }
 
 // Replica is the discrete-time model of one vLLM V1 engine: continuous
-// batching with chunked prefill, paged KV cache, recompute preemption, and
-// LoRA slots. It has no goroutines and no clock of its own: time moves only
-// through Submit and Advance. It is not safe for concurrent use.
+// batching with chunked prefill, paged KV cache with automatic prefix
+// caching, recompute preemption, and LoRA slots. It has no goroutines and no
+// clock of its own: time moves only through Submit and Advance. It is not
+// safe for concurrent use.
 //
 // The scheduling follows vllm/v1/core/sched/scheduler.py (schedule()):
 // running requests first, in order, each taking min(remaining, budget)
@@ -238,30 +337,42 @@ type adapterState struct {
 // admitted running request is preempted (its KV freed, recomputed later from
 // the front of the waiting queue); waiting requests are admitted FCFS only
 // when nothing was preempted in the step, while fewer than MaxNumSeqs run,
-// budget is left and KV blocks are free; a request for an adapter outside the
-// batch's adapter set when MaxLoRAs adapters are already in it is skipped
-// without blocking the requests behind it (vLLM #15422).
+// budget is left and KV blocks are free. The adapters of the requests
+// scheduled so far in the step are the batch's LoRA set (scheduled_loras); a
+// waiting request for another adapter when MaxLoRAs are in it is skipped
+// under LoRASkip (vLLM's rule) or stops admission under LoRAFIFO.
 //
-// Deviation: the adapter set checked at admission is that of all running
-// requests, where vLLM uses the running requests scheduled in this step; the
-// two differ only when the step budget ran out before the running list did,
-// and then vLLM admits nothing either.
+// Prefix caching follows vllm/v1/core/kv_cache_manager.py
+// (get_computed_blocks, allocate_slots) and
+// vllm/v1/core/single_type_kv_cache_manager.py (find_longest_cache_hit,
+// get_num_blocks_to_allocate, free), over the block pool of kvcache.go: a
+// request taken from the waiting queue looks up the longest run of its
+// leading full blocks in the cache, at most (tokens−1)/BlockSize blocks so
+// that the last token is always computed; the hit blocks join its block
+// table without prefill and without new blocks (a hit block sitting in the
+// free queue still uses up a free block); the step prices only the tokens
+// after the hit; once scheduled, every block that the step fills is
+// registered in the cache, so later requests, even in the same step, hit
+// it. A preempted request frees its blocks and on resuming looks them up
+// again, recomputing only what was evicted meanwhile.
 type Replica struct {
 	cfg         ReplicaConfig
 	totalBlocks int
-	freeBlocks  int
+	pool        blockPool
 
-	running      []*Request
-	adapters     []adapterState // index = adapter id; 0 is the base model
-	adapterIDs   map[string]int
-	waitingCount int
-	// runningAdapters counts adapters (not the base model) with running > 0.
-	runningAdapters int
-	residentCount   int
-	cpuCount        int
+	running    []*Request
+	adapters   []adapterState // index = adapter id; 0 is the base model
+	adapterIDs map[string]int
+	// waitingCount counts waiting requests; waitingPrefill estimates their
+	// prefill tokens (see Load).
+	waitingCount   int
+	waitingPrefill int
+	residentCount  int
+	cpuCount       int
 
 	nextOrder   int64 // FCFS order of arrivals, increasing from 1
 	preemptSeq  int64 // preempted requests go first: order -1, -2, ...
+	saltSeq     uint64
 	clock       time.Duration
 	busy        bool
 	stepEnd     time.Duration
@@ -269,8 +380,13 @@ type Replica struct {
 	batchIDs    []int
 	pending     []*Request
 	out         []*Request
+	firsts      []*Request
+	firstsOut   []*Request
 	stats       Counters
 	blockTokens int
+	hitScratch  []int32
+	tokScratch  []uint32
+	slices      slicePool
 }
 
 // NewReplica returns an idle replica, or the configuration error.
@@ -282,11 +398,12 @@ func NewReplica(cfg ReplicaConfig) (*Replica, error) {
 	r := &Replica{
 		cfg:         cfg,
 		totalBlocks: blocks,
-		freeBlocks:  blocks,
+		pool:        newBlockPool(blocks, cfg.EnablePrefixCaching),
 		adapterIDs:  map[string]int{"": 0},
 		adapters:    []adapterState{{name: ""}},
 		running:     make([]*Request, 0, cfg.MaxNumSeqs),
 		blockTokens: cfg.BlockSize,
+		tokScratch:  make([]uint32, cfg.BlockSize),
 	}
 	return r, nil
 }
@@ -296,6 +413,22 @@ func (r *Replica) Config() ReplicaConfig { return r.cfg }
 
 // Now is the replica clock: the latest time passed to Submit or Advance.
 func (r *Replica) Now() time.Duration { return r.clock }
+
+func (r *Replica) validate(req *Request) error {
+	if req.PromptTokens < 1 || req.OutputTokens < 1 {
+		return fmt.Errorf("%w: prompt %d and output %d tokens must both be at least 1", ErrInvalidRequest, req.PromptTokens, req.OutputTokens)
+	}
+	if req.Prompt != nil && len(req.Prompt) != req.PromptTokens {
+		return fmt.Errorf("%w: %d prompt token ids for PromptTokens %d", ErrInvalidRequest, len(req.Prompt), req.PromptTokens)
+	}
+	if req.PromptTokens+req.OutputTokens > r.cfg.MaxModelLen {
+		return fmt.Errorf("%w: %d prompt + %d output tokens > %d", ErrTooLong, req.PromptTokens, req.OutputTokens, r.cfg.MaxModelLen)
+	}
+	if req.Adapter != "" && r.cfg.MaxLoRAs == 0 {
+		return fmt.Errorf("%w: adapter %q", ErrLoRADisabled, req.Adapter)
+	}
+	return nil
+}
 
 // Submit queues req at time now. It first advances the replica to now, so
 // completions up to now are buffered and returned by the next Advance. If
@@ -308,35 +441,139 @@ func (r *Replica) Submit(req *Request, now time.Duration) error {
 	if req.state != stateNew {
 		return ErrAlreadySubmited
 	}
-	if req.PromptTokens < 1 || req.OutputTokens < 1 {
-		return fmt.Errorf("%w: prompt %d and output %d tokens must both be at least 1", ErrInvalidRequest, req.PromptTokens, req.OutputTokens)
-	}
-	if req.PromptTokens+req.OutputTokens > r.cfg.MaxModelLen {
-		return fmt.Errorf("%w: %d prompt + %d output tokens > %d", ErrTooLong, req.PromptTokens, req.OutputTokens, r.cfg.MaxModelLen)
-	}
-	if req.Adapter != "" && r.cfg.MaxLoRAs == 0 {
-		return fmt.Errorf("%w: adapter %q", ErrLoRADisabled, req.Adapter)
+	if err := r.validate(req); err != nil {
+		return err
 	}
 	r.advance(now)
 	id, ok := r.adapterIDs[req.Adapter]
 	if !ok {
 		id = len(r.adapters)
 		r.adapterIDs[req.Adapter] = id
-		r.adapters = append(r.adapters, adapterState{name: req.Adapter, lastUsed: -1})
+		r.adapters = append(r.adapters, adapterState{name: req.Adapter, key: adapterKey(req.Adapter), lastUsed: -1})
 	}
 	req.adapterID = id
 	req.Arrival = now
 	req.numTokens = req.PromptTokens
-	req.computed, req.blocks, req.sched, req.Generated = 0, 0, 0, 0
+	req.computed, req.sched, req.Generated, req.CachedTokens = 0, 0, 0, 0
+	req.table, req.cachedBlocks, req.scheduled = r.slices.table(r.blocksFor(req.PromptTokens+req.OutputTokens)), 0, false
+	req.expectHit = 0
+	if r.cfg.EnablePrefixCaching {
+		r.prepareHashes(req)
+		req.expectHit = r.hitBlocks(req, (req.numTokens-1)/r.blockTokens)
+	}
 	r.nextOrder++
 	req.order = r.nextOrder
 	req.state = stateWaiting
 	r.adapters[id].queue.pushBack(req)
 	r.waitingCount++
+	r.waitingPrefill += req.numTokens - req.expectHit*r.blockTokens
 	if !r.busy {
 		r.startStep(now)
 	}
 	return nil
+}
+
+// prepareHashes computes the block hashes of req's full prompt blocks (vLLM
+// hashes a request's blocks when it is created) and keeps the prompt's last
+// partial block for hashing the first generated block. A request without
+// token ids gets a unique salt instead (see blockPool.cacheVirtual).
+func (r *Replica) prepareHashes(req *Request) {
+	bs := r.blockTokens
+	if req.hashBlock == bs && (req.salt != 0 || (req.Prompt != nil && len(req.hashes) == req.PromptTokens/bs)) {
+		return // done by CachedPrefixTokens before Submit
+	}
+	req.hashBlock = bs
+	if req.Prompt == nil {
+		r.saltSeq++
+		req.salt = fmix64(r.saltSeq) | 1
+		return
+	}
+	full := req.PromptTokens / bs
+	req.salt = 0
+	req.loraKey = adapterKey(req.Adapter)
+	req.hashes = r.slices.hashes(req.hashes, (req.PromptTokens+req.OutputTokens)/bs)
+	parent := noneHash
+	for i := range full {
+		parent = hashBlock(parent, req.loraKey, req.Prompt[i*bs:(i+1)*bs])
+		req.hashes = append(req.hashes, parent)
+	}
+	req.tail = append(req.tail[:0], req.Prompt[full*bs:]...)
+}
+
+// appendBlockHash hashes the request's next full block once its last token
+// exists: the prompt's tail followed by generated tokens.
+func (r *Replica) appendBlockHash(s *Request) {
+	if s.salt != 0 {
+		return // virtual blocks are tagged, not hashed
+	}
+	i := len(s.hashes)
+	parent := noneHash
+	if i > 0 {
+		parent = s.hashes[i-1]
+	}
+	bs := r.blockTokens
+	buf := r.tokScratch[:bs]
+	start := i * bs
+	tailStart := s.PromptTokens - len(s.tail)
+	for k := range buf {
+		if p := start + k; p < s.PromptTokens {
+			buf[k] = s.tail[p-tailStart]
+		} else {
+			buf[k] = OutputToken(s.OutputSeed, p-s.PromptTokens)
+		}
+	}
+	s.hashes = append(s.hashes, hashBlock(parent, s.loraKey, buf))
+}
+
+// longestHit appends to dst the cached blocks of the longest leading run of
+// the request's blocks, at most maxBlocks (find_longest_cache_hit for full
+// attention: left to right, stopping at the first miss).
+func (r *Replica) longestHit(s *Request, maxBlocks int, dst []int32) []int32 {
+	if !r.cfg.EnablePrefixCaching {
+		return dst
+	}
+	if s.salt != 0 {
+		return append(dst, s.table[:r.pool.virtualHits(s.table, s.salt, maxBlocks)]...)
+	}
+	for _, h := range s.hashes[:min(maxBlocks, len(s.hashes))] {
+		b := r.pool.byHash.get(h)
+		if b == noBlock {
+			break
+		}
+		dst = append(dst, b)
+	}
+	return dst
+}
+
+// hitBlocks is len(longestHit(...)) without collecting the blocks.
+func (r *Replica) hitBlocks(s *Request, maxBlocks int) int {
+	if !r.cfg.EnablePrefixCaching {
+		return 0
+	}
+	if s.salt != 0 {
+		return r.pool.virtualHits(s.table, s.salt, maxBlocks)
+	}
+	n := 0
+	for _, h := range s.hashes[:min(maxBlocks, len(s.hashes))] {
+		if r.pool.byHash.get(h) == noBlock {
+			break
+		}
+		n++
+	}
+	return n
+}
+
+// CachedPrefixTokens is how many of req's prompt tokens the replica's prefix
+// cache holds now: what a request not yet submitted would find if it were
+// scheduled at once. It reads the true cache, for the fleet benchmark's
+// oracle; req must carry Prompt (a prompt without token ids shares nothing).
+// It computes req's block hashes once for all replicas of one block size.
+func (r *Replica) CachedPrefixTokens(req *Request) int {
+	if !r.cfg.EnablePrefixCaching || req.state != stateNew || req.PromptTokens < 1 || len(req.Prompt) != req.PromptTokens {
+		return 0
+	}
+	r.prepareHashes(req)
+	return r.hitBlocks(req, (req.PromptTokens-1)/r.blockTokens) * r.blockTokens
 }
 
 // NextEventTime is the end of the step in progress, when the next tokens and
@@ -348,14 +585,21 @@ func (r *Replica) NextEventTime() (t time.Duration, ok bool) {
 // Advance runs every step that ends at or before to and moves the clock to
 // to. It returns the requests that completed since the previous Advance (in
 // completion order, including those completed during Submit calls). The
-// slice is reused: it is valid until the next call to Advance.
+// slice is reused: it is valid until the next call to Advance. FirstTokens
+// then lists the requests that sampled their first token in the same span.
 func (r *Replica) Advance(to time.Duration) []*Request {
 	if to > r.clock {
 		r.advance(to)
 	}
 	r.out, r.pending = r.pending, r.out[:0]
+	r.firstsOut, r.firsts = r.firsts, r.firstsOut[:0]
 	return r.out
 }
+
+// FirstTokens lists the requests whose first token was sampled in the span
+// the last Advance covered (the end of their prefill: when the first
+// streamed chunk leaves), in order. Valid until the next Advance.
+func (r *Replica) FirstTokens() []*Request { return r.firstsOut }
 
 func (r *Replica) advance(to time.Duration) {
 	for r.busy && r.stepEnd <= to {
@@ -380,6 +624,7 @@ func (r *Replica) Abort(req *Request, now time.Duration) (bool, error) {
 	case stateWaiting:
 		r.adapters[req.adapterID].queue.remove(req)
 		r.waitingCount--
+		r.waitingPrefill -= req.numTokens - req.expectHit*r.blockTokens
 	case stateRunning:
 		for i, s := range r.running {
 			if s == req {
@@ -394,21 +639,25 @@ func (r *Replica) Abort(req *Request, now time.Duration) (bool, error) {
 		return false, nil
 	}
 	req.state = stateAborted
+	r.dropSlices(req)
 	r.stats.Aborted++
 	return true, nil
 }
 
 // Metrics returns the current gauges and counters.
 func (r *Replica) Metrics() Metrics {
+	used := r.totalBlocks - r.pool.free
 	m := Metrics{
-		Waiting:       r.waitingCount,
-		Running:       len(r.running),
-		KVCacheUsage:  float64(r.totalBlocks-r.freeBlocks) / float64(r.totalBlocks),
-		MaxLoRAs:      r.cfg.MaxLoRAs,
-		BlockSize:     r.cfg.BlockSize,
-		KVBlocksTotal: r.totalBlocks,
-		KVBlocksUsed:  r.totalBlocks - r.freeBlocks,
-		Counters:      r.stats,
+		Waiting:        r.waitingCount,
+		Running:        len(r.running),
+		KVCacheUsage:   float64(used) / float64(r.totalBlocks),
+		MaxLoRAs:       r.cfg.MaxLoRAs,
+		BlockSize:      r.cfg.BlockSize,
+		KVBlocksTotal:  r.totalBlocks,
+		KVBlocksUsed:   used,
+		PrefixCaching:  r.cfg.EnablePrefixCaching,
+		KVBlocksCached: r.pool.hashed,
+		Counters:       r.stats,
 	}
 	for i := 1; i < len(r.adapters); i++ {
 		a := &r.adapters[i]
@@ -422,6 +671,53 @@ func (r *Replica) Metrics() Metrics {
 	sort.Strings(m.RunningAdapters)
 	sort.Strings(m.WaitingAdapters)
 	return m
+}
+
+// Load is a replica's true state as only a router with perfect knowledge
+// could read it (the fleet benchmark's oracle); vLLM exposes none of it
+// beyond the queue lengths.
+type Load struct {
+	Waiting, Running int
+	// PendingPrefillTokens are prefill tokens not yet computed: the rest of
+	// the running requests' prompts, plus the waiting requests' tokens less
+	// what the prefix cache held for them when they arrived.
+	PendingPrefillTokens int
+	// DecodingSeqs and DecodeContextTokens are D and ΣL of the step-time
+	// formula for the running requests past their prefill.
+	DecodingSeqs, DecodeContextTokens int
+	FreeBlocks, TotalBlocks           int
+	// RunningAdapters counts distinct adapters with running requests.
+	RunningAdapters int
+}
+
+// Load returns the replica's true state now.
+func (r *Replica) Load() Load {
+	l := Load{Waiting: r.waitingCount, Running: len(r.running), PendingPrefillTokens: r.waitingPrefill,
+		FreeBlocks: r.pool.free, TotalBlocks: r.totalBlocks}
+	for _, s := range r.running {
+		if left := s.numTokens - s.computed; left > 1 || s.Generated == 0 {
+			l.PendingPrefillTokens += left
+		} else {
+			l.DecodingSeqs++
+			l.DecodeContextTokens += s.numTokens
+		}
+	}
+	for i := 1; i < len(r.adapters); i++ {
+		if r.adapters[i].running > 0 {
+			l.RunningAdapters++
+		}
+	}
+	return l
+}
+
+// AdapterRequests returns how many running and waiting requests use the
+// adapter ("" is the base model).
+func (r *Replica) AdapterRequests(name string) (running, waiting int) {
+	id, ok := r.adapterIDs[name]
+	if !ok {
+		return 0, 0
+	}
+	return r.adapters[id].running, r.adapters[id].queue.len()
 }
 
 // ResidentAdapters lists the adapters loaded in GPU slots, sorted.
@@ -453,8 +749,8 @@ func (r *Replica) startStep(now time.Duration) {
 	for i := 0; i < len(r.running) && budget > 0; {
 		s := r.running[i]
 		n := min(s.numTokens-s.computed, budget)
-		need := r.blocksFor(s.computed+n) - s.blocks
-		for need > r.freeBlocks {
+		need := r.blocksFor(s.computed+n) - len(s.table)
+		for need > r.pool.free {
 			// Preempt the most recently admitted request (FCFS policy).
 			victim := r.running[len(r.running)-1]
 			r.running[len(r.running)-1] = nil
@@ -468,8 +764,10 @@ func (r *Replica) startStep(now time.Duration) {
 		if s.state != stateRunning {
 			break // s preempted itself: nothing more can run
 		}
-		r.freeBlocks -= need
-		s.blocks += need
+		if need > 0 {
+			s.table = r.pool.allocate(need, s.table)
+		}
+		r.cacheFullBlocks(s, s.computed+n)
 		s.sched = n
 		budget -= n
 		if s.Generated > 0 && n == 1 && s.computed+1 == s.numTokens {
@@ -491,21 +789,36 @@ func (r *Replica) startStep(now time.Duration) {
 			}
 			a := &r.adapters[id]
 			s := a.queue.front()
-			n := min(s.numTokens-s.computed, budget)
-			need := r.blocksFor(s.computed+n) - s.blocks
-			if need > r.freeBlocks {
+			hit := r.longestHit(s, (s.numTokens-1)/r.blockTokens, r.hitScratch[:0])
+			r.hitScratch = hit
+			computed := len(hit) * r.blockTokens
+			n := min(s.numTokens-computed, budget)
+			newBlocks := r.blocksFor(computed+n) - len(hit)
+			if newBlocks+r.pool.evictable(hit) > r.pool.free {
 				break // FCFS: no KV for the head request, admit nothing more
 			}
 			a.queue.popFront()
 			r.waitingCount--
+			r.waitingPrefill -= s.numTokens - s.expectHit*r.blockTokens
 			s.state = stateRunning
-			if a.running == 0 && id != 0 {
-				r.runningAdapters++
-			}
 			a.running++
 			r.running = append(r.running, s)
-			r.freeBlocks -= need
-			s.blocks += need
+			r.pool.touch(hit)
+			s.table = r.pool.allocate(newBlocks, append(s.table[:0], hit...))
+			s.computed = computed
+			if r.cfg.EnablePrefixCaching {
+				if s.Preemptions > 0 {
+					r.stats.PreemptedPrefixQueries += int64(s.numTokens)
+					r.stats.PreemptedPrefixHits += int64(computed)
+				} else {
+					r.stats.PrefixQueries += int64(s.numTokens)
+					r.stats.PrefixHits += int64(computed)
+				}
+			}
+			if !s.scheduled {
+				s.scheduled, s.CachedTokens = true, computed
+			}
+			r.cacheFullBlocks(s, computed+n)
 			s.sched = n
 			budget -= n
 			prefill += n
@@ -529,6 +842,26 @@ func (r *Replica) startStep(now time.Duration) {
 	r.stepEnd = now + d
 }
 
+// cacheFullBlocks registers the request's blocks that are full once its
+// first tokens are computed (allocate_slots caches them at scheduling).
+func (r *Replica) cacheFullBlocks(s *Request, tokens int) {
+	if !r.cfg.EnablePrefixCaching || tokens < (s.cachedBlocks+1)*r.blockTokens {
+		return
+	}
+	full := tokens / r.blockTokens
+	if s.salt != 0 {
+		for i := s.cachedBlocks; i < full; i++ {
+			r.pool.cacheVirtual(s.table[i], s.salt, i)
+		}
+	} else {
+		full = min(full, len(s.hashes))
+		for i := s.cachedBlocks; i < full; i++ {
+			r.pool.cache(s.table[i], s.hashes[i])
+		}
+	}
+	s.cachedBlocks = max(s.cachedBlocks, full)
+}
+
 // markBatchAdapter records that the batch being assembled uses adapter id.
 func (r *Replica) markBatchAdapter(id int) {
 	if id == 0 {
@@ -541,25 +874,33 @@ func (r *Replica) markBatchAdapter(id int) {
 	}
 }
 
-// nextAdmissible returns the adapter id whose queue head is the earliest
-// waiting request that the LoRA limit lets into the batch, or -1. With the
-// adapter set full only the base model and adapters already running qualify;
-// the others stay queued without blocking them.
+// nextAdmissible returns the adapter id whose queue head is the waiting
+// request to consider next, or -1. Under LoRASkip that is the earliest
+// waiting request the LoRA limit lets into this step's batch: with MaxLoRAs
+// adapters scheduled, only the base model and those adapters qualify, and
+// the others stay queued without blocking them. Under LoRAFIFO it is the
+// earliest waiting request, or none if its adapter does not fit.
 func (r *Replica) nextAdmissible() int {
-	full := r.runningAdapters >= r.cfg.MaxLoRAs
+	full := len(r.batchIDs) >= r.cfg.MaxLoRAs
+	fifo := r.cfg.LoRAAdmission == LoRAFIFO
 	best := -1
 	var bestOrder int64
+	bestFits := false
 	for id := range r.adapters {
 		a := &r.adapters[id]
 		if a.queue.len() == 0 {
 			continue
 		}
-		if id != 0 && full && a.running == 0 {
+		fits := id == 0 || !full || a.batchMark == r.stepIndex
+		if !fits && !fifo {
 			continue
 		}
 		if o := a.queue.front().order; best < 0 || o < bestOrder {
-			best, bestOrder = id, o
+			best, bestOrder, bestFits = id, o, fits
 		}
+	}
+	if !bestFits {
+		return -1
 	}
 	return best
 }
@@ -575,19 +916,31 @@ func (r *Replica) preempt(s *Request) {
 	r.preemptSeq--
 	s.order = r.preemptSeq
 	s.state = stateWaiting
+	s.expectHit = 0
 	r.adapters[s.adapterID].queue.pushFront(s)
 	r.waitingCount++
+	r.waitingPrefill += s.numTokens
 }
 
-// releaseRunning frees the KV of a request leaving the running list.
+// dropSlices returns a finished request's block table and hashes to the
+// replica's slice pool: they are what a long run would otherwise allocate
+// per request.
+func (r *Replica) dropSlices(s *Request) {
+	r.slices.putTable(s.table)
+	r.slices.putHashes(s.hashes)
+	s.table, s.hashes, s.tail = nil, nil, nil
+}
+
+// releaseRunning frees the KV of a request leaving the running list, tail
+// block first. A request without token ids keeps its former block ids to
+// find its tagged blocks when it resumes.
 func (r *Replica) releaseRunning(s *Request) {
-	r.freeBlocks += s.blocks
-	s.blocks = 0
-	a := &r.adapters[s.adapterID]
-	a.running--
-	if a.running == 0 && s.adapterID != 0 {
-		r.runningAdapters--
+	r.pool.release(s.table)
+	if s.salt == 0 {
+		s.table = s.table[:0]
 	}
+	s.cachedBlocks = 0
+	r.adapters[s.adapterID].running--
 }
 
 // loadBatchAdapters brings the batch's adapters into GPU slots, evicting the
@@ -673,15 +1026,20 @@ func (r *Replica) finishStep(end time.Duration) {
 				r.stats.GenerationTokens++
 				if s.Generated == 1 {
 					s.FirstTokenAt = end
+					r.firsts = append(r.firsts, s)
 				}
 				s.LastTokenAt = end
 				if s.Generated >= s.OutputTokens {
 					s.CompletedAt = end
 					s.state = stateDone
 					r.releaseRunning(s)
+					r.dropSlices(s)
 					r.stats.Completed++
 					r.pending = append(r.pending, s)
 					continue
+				}
+				if r.cfg.EnablePrefixCaching && s.numTokens%r.blockTokens == 0 {
+					r.appendBlockHash(s) // the new token filled a block
 				}
 			}
 		}

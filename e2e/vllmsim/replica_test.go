@@ -168,15 +168,22 @@ func TestDecodeWithoutFreeBlocksPreemptsTheNewestRequest(t *testing.T) {
 	assert.Equal(t, 0, m.KVBlocksUsed)
 }
 
-func TestLoRARequestWithoutSlotWaitsWithoutBlockingOthers(t *testing.T) {
-	r := newTestReplica(t, func(c *ReplicaConfig) { c.MaxLoRAs = 1 })
-	a1 := &Request{ID: 1, Adapter: "sql", PromptTokens: 10, OutputTokens: 30}
-	b := &Request{ID: 2, Adapter: "tweet", PromptTokens: 10, OutputTokens: 5}
-	a2 := &Request{ID: 3, Adapter: "sql", PromptTokens: 10, OutputTokens: 5}
-	base := &Request{ID: 4, PromptTokens: 10, OutputTokens: 5}
+// loraQueue submits, on one adapter slot, sql (long), tweet, sql and a
+// base-model request, in that order.
+func loraQueue(t *testing.T, rule LoRAAdmission) (r *Replica, a1, b, a2, base *Request) {
+	r = newTestReplica(t, func(c *ReplicaConfig) { c.MaxLoRAs = 1; c.LoRAAdmission = rule })
+	a1 = &Request{ID: 1, Adapter: "sql", PromptTokens: 10, OutputTokens: 30}
+	b = &Request{ID: 2, Adapter: "tweet", PromptTokens: 10, OutputTokens: 5}
+	a2 = &Request{ID: 3, Adapter: "sql", PromptTokens: 10, OutputTokens: 5}
+	base = &Request{ID: 4, PromptTokens: 10, OutputTokens: 5}
 	for _, q := range []*Request{a1, b, a2, base} {
 		require.NoError(t, r.Submit(q, 0))
 	}
+	return r, a1, b, a2, base
+}
+
+func TestLoRARequestWithoutSlotWaitsWithoutBlockingOthers(t *testing.T) {
+	r, a1, b, a2, base := loraQueue(t, LoRASkip)
 	next, _ := r.NextEventTime()
 	r.Advance(next) // step 1 ran a1 alone; step 2 admits a2 and base, skips b
 
@@ -193,6 +200,57 @@ func TestLoRARequestWithoutSlotWaitsWithoutBlockingOthers(t *testing.T) {
 	assert.GreaterOrEqual(t, b.FirstTokenAt, a1.CompletedAt, "tweet gets the slot once sql has left the batch")
 	assert.Equal(t, []string{"tweet"}, r.ResidentAdapters())
 	assert.Equal(t, int64(2), r.Metrics().AdapterLoads)
+}
+
+func TestLoRAFIFOBlocksBehindTheWaitingAdapter(t *testing.T) {
+	// The same arrivals as above under the rule vLLM V1 had before #15422:
+	// b's adapter has no slot, so nothing behind it is admitted either.
+	r, a1, b, a2, base := loraQueue(t, LoRAFIFO)
+	next, _ := r.NextEventTime()
+	r.Advance(next)
+	m := r.Metrics()
+	assert.Equal(t, 1, m.Running)
+	assert.Equal(t, 3, m.Waiting)
+	drain(t, r)
+	assert.GreaterOrEqual(t, b.FirstTokenAt, a1.CompletedAt)
+	assert.Greater(t, a2.FirstTokenAt, b.FirstTokenAt, "arrival order holds")
+	assert.Greater(t, base.FirstTokenAt, b.FirstTokenAt)
+	_, err := ParseLoRAAdmission("lifo")
+	assert.Error(t, err)
+	for _, a := range []LoRAAdmission{LoRASkip, LoRAFIFO} {
+		got, err := ParseLoRAAdmission(a.String())
+		require.NoError(t, err)
+		assert.Equal(t, a, got)
+	}
+}
+
+func TestLoRASkipLetsARunningAdapterStarveAWaitingOne(t *testing.T) {
+	// One slot, sql arriving every 20 ms with 30-token outputs (always one
+	// running), tweet once at the start: under vLLM's rule tweet waits until
+	// sql's traffic stops; under FIFO it is served after the sql requests
+	// that arrived before it.
+	for _, tc := range []struct {
+		rule    LoRAAdmission
+		starved bool
+	}{{LoRASkip, true}, {LoRAFIFO, false}} {
+		t.Run(tc.rule.String(), func(t *testing.T) {
+			r := newTestReplica(t, func(c *ReplicaConfig) { c.MaxLoRAs = 1; c.LoRAAdmission = tc.rule })
+			require.NoError(t, r.Submit(&Request{Adapter: "sql", PromptTokens: 10, OutputTokens: 30}, 0))
+			tweet := &Request{Adapter: "tweet", PromptTokens: 10, OutputTokens: 5}
+			require.NoError(t, r.Submit(tweet, time.Millisecond))
+			last := time.Duration(0)
+			for at := 20 * time.Millisecond; at < 2*time.Second; at += 20 * time.Millisecond {
+				require.NoError(t, r.Submit(&Request{Adapter: "sql", PromptTokens: 10, OutputTokens: 30}, at))
+				last = at
+			}
+			drain(t, r)
+			if tc.starved {
+				assert.Greater(t, tweet.FirstTokenAt, last, "tweet waits for the last sql request")
+			} else {
+				assert.Less(t, tweet.FirstTokenAt, 500*time.Millisecond)
+			}
+		})
+	}
 }
 
 func TestLoRASlowdownAndLoadTime(t *testing.T) {
