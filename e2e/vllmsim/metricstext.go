@@ -82,6 +82,12 @@ func (l *loraSeries) snapshot() []loraSample {
 	return out
 }
 
+// counterSample is one counter family with a single sample.
+type counterSample struct {
+	name, help string
+	val        int64
+}
+
 // metricsView is everything one /metrics response shows.
 type metricsView struct {
 	names     MetricsNames
@@ -132,13 +138,34 @@ func writeMetrics(w io.Writer, v metricsView) error {
 		sample("vllm:kv_cache_usage_perc", labels, m.KVCacheUsage)
 	}
 
-	counters := []struct {
-		name, help string
-		val        int64
-	}{
+	counters := []counterSample{
 		{"vllm:num_preemptions_total", "Cumulative number of preemption from the engine.", m.Preemptions},
 		{"vllm:prompt_tokens_total", "Number of prefill tokens processed.", m.PromptTokens},
 		{"vllm:generation_tokens_total", "Number of generation tokens processed.", m.GenerationTokens},
+	}
+	if m.PrefixCaching {
+		// vLLM ≥ 0.9.2 counts prefix-cache lookups in tokens; 0.9.2–0.10
+		// also kept the first V1 names with a gpu_ prefix, hidden in 0.11 and
+		// removed in 0.12 (vllm/v1/metrics/loggers.py). prometheus_client
+		// exposes a counter with the _total suffix.
+		if v.names == MetricsBoth {
+			counters = append(counters,
+				counterSample{"vllm:gpu_prefix_cache_queries_total", "GPU prefix cache queries, in terms of number of queried tokens.", m.PrefixQueries},
+				counterSample{"vllm:gpu_prefix_cache_hits_total", "GPU prefix cache hits, in terms of number of cached tokens.", m.PrefixHits})
+		}
+		if v.names != MetricsV0 {
+			counters = append(counters,
+				counterSample{"vllm:prefix_cache_queries_total", "Prefix cache queries, in terms of number of queried tokens.", m.PrefixQueries},
+				counterSample{"vllm:prefix_cache_hits_total", "Prefix cache hits, in terms of number of cached tokens.", m.PrefixHits})
+		} else {
+			// vLLM V0 showed a hit-rate gauge instead of counters.
+			rate := 0.0
+			if m.PrefixQueries > 0 {
+				rate = float64(m.PrefixHits) / float64(m.PrefixQueries)
+			}
+			family("vllm:gpu_prefix_cache_hit_rate", "gauge", "GPU prefix cache block hit rate.")
+			sample("vllm:gpu_prefix_cache_hit_rate", labels, rate)
+		}
 	}
 	for _, c := range counters {
 		family(c.name, "counter", c.help)

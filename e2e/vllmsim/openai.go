@@ -4,17 +4,9 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
 	"strings"
-	"unicode/utf8"
 )
-
-// CharsPerToken is how the simulator estimates prompt tokens from text when
-// the request carries no sim_prompt_tokens hint.
-const CharsPerToken = 4
-
-// chatTemplateTokens is added per chat message for the role markers a chat
-// template wraps around it (Llama-2's [INST] ... [/INST] is a few tokens).
-const chatTemplateTokens = 3
 
 // apiKind tells the two OpenAI endpoints apart.
 type apiKind int
@@ -26,7 +18,10 @@ const (
 
 // generationRequest is what the simulator needs from an OpenAI request.
 type generationRequest struct {
-	Model        string
+	Model string
+	// Prompt is the prompt as token ids (see tokens.go for the rule);
+	// PromptTokens is its length.
+	Prompt       []uint32
 	PromptTokens int
 	// MaxTokens is 0 when the request did not set it.
 	MaxTokens int
@@ -49,7 +44,8 @@ type openAIBody struct {
 	StreamOptions       *struct {
 		IncludeUsage *bool `json:"include_usage"`
 	} `json:"stream_options"`
-	// SimPromptTokens overrides the prompt-length estimate (simulator only).
+	// SimPromptTokens overrides the prompt length (simulator only): the
+	// text's tokens are cut to that length or padded with filler tokens.
 	SimPromptTokens *int `json:"sim_prompt_tokens"`
 }
 
@@ -82,7 +78,7 @@ func parseGenerationRequest(kind apiKind, body []byte) (generationRequest, error
 	var err error
 	switch kind {
 	case apiCompletions:
-		g.PromptTokens, err = completionPromptTokens(b.Prompt)
+		g.Prompt, err = completionPrompt(b.Prompt)
 		if b.MaxTokens != nil {
 			g.MaxTokens = *b.MaxTokens
 			if g.MaxTokens < 1 {
@@ -90,7 +86,7 @@ func parseGenerationRequest(kind apiKind, body []byte) (generationRequest, error
 			}
 		}
 	case apiChat:
-		g.PromptTokens, err = chatPromptTokens(b.Messages)
+		g.Prompt, err = chatPrompt(b.Messages)
 		limit := b.MaxCompletionTokens
 		if limit == nil {
 			limit = b.MaxTokens
@@ -106,104 +102,130 @@ func parseGenerationRequest(kind apiKind, body []byte) (generationRequest, error
 		return generationRequest{}, err
 	}
 	if b.SimPromptTokens != nil {
-		if *b.SimPromptTokens < 1 {
-			return generationRequest{}, badRequest("sim_prompt_tokens must be at least 1, got %d", *b.SimPromptTokens)
+		n := *b.SimPromptTokens
+		if n < 1 {
+			return generationRequest{}, badRequest("sim_prompt_tokens must be at least 1, got %d", n)
 		}
-		g.PromptTokens = *b.SimPromptTokens
+		if n > maxBodyBytes {
+			return generationRequest{}, badRequest("sim_prompt_tokens %d is larger than any request the simulator takes", n)
+		}
+		if n < len(g.Prompt) {
+			g.Prompt = g.Prompt[:n]
+		}
+		for i := len(g.Prompt); i < n; i++ {
+			g.Prompt = append(g.Prompt, fillerToken(i))
+		}
 	}
+	if len(g.Prompt) == 0 {
+		// An empty text still costs the tokenizer's BOS token.
+		g.Prompt = append(g.Prompt, fillerToken(0))
+	}
+	g.PromptTokens = len(g.Prompt)
 	return g, nil
 }
 
-// estimateTokens is ⌈chars/CharsPerToken⌉, at least 1.
-func estimateTokens(chars int) int {
-	return max(1, (chars+CharsPerToken-1)/CharsPerToken)
-}
-
-// completionPromptTokens accepts a string, a list of token ids, or a
-// one-element list of either (vLLM also takes batches; the simulator does
-// not).
-func completionPromptTokens(raw json.RawMessage) (int, error) {
+// completionPrompt accepts a string, a list of token ids, or a one-element
+// list of either (vLLM also takes batches; the simulator does not).
+func completionPrompt(raw json.RawMessage) ([]uint32, error) {
 	if len(raw) == 0 || string(raw) == "null" {
-		return 0, badRequest("the prompt field is required")
+		return nil, badRequest("the prompt field is required")
 	}
 	var s string
 	if json.Unmarshal(raw, &s) == nil {
-		return estimateTokens(utf8.RuneCountInString(s)), nil
+		return TextTokens(nil, s), nil
 	}
-	var ids []int
+	var ids []int64
 	if json.Unmarshal(raw, &ids) == nil {
 		if len(ids) == 0 {
-			return 0, badRequest("prompt must not be empty")
+			return nil, badRequest("prompt must not be empty")
 		}
-		return len(ids), nil
+		out := make([]uint32, len(ids))
+		for i, id := range ids {
+			if id < 0 || id > math.MaxUint32 {
+				return nil, badRequest("prompt token id %d at position %d is out of range", id, i)
+			}
+			out[i] = uint32(id)
+		}
+		return out, nil
 	}
 	var list []json.RawMessage
 	if json.Unmarshal(raw, &list) == nil {
 		if len(list) != 1 {
-			return 0, badRequest("batched prompts (%d) are not supported by the simulator", len(list))
+			return nil, badRequest("batched prompts (%d) are not supported by the simulator", len(list))
 		}
 		var inner []json.RawMessage
 		if json.Unmarshal(list[0], &inner) == nil || json.Unmarshal(list[0], &s) == nil {
-			return completionPromptTokens(list[0])
+			return completionPrompt(list[0])
 		}
 	}
-	return 0, badRequest("prompt must be a string, a list of token ids, or a one-element list of those")
+	return nil, badRequest("prompt must be a string, a list of token ids, or a one-element list of those")
 }
 
-// chatPromptTokens estimates the tokens of the messages after the chat
-// template: their text plus a few tokens per message.
-func chatPromptTokens(raw json.RawMessage) (int, error) {
+// chatPrompt renders the messages with the simulator's chat template
+// (RenderChat) and tokenizes the result.
+func chatPrompt(raw json.RawMessage) ([]uint32, error) {
 	if len(raw) == 0 || string(raw) == "null" {
-		return 0, badRequest("the messages field is required")
+		return nil, badRequest("the messages field is required")
 	}
 	var msgs []struct {
 		Role    string          `json:"role"`
 		Content json.RawMessage `json:"content"`
 	}
 	if err := json.Unmarshal(raw, &msgs); err != nil {
-		return 0, badRequest("messages must be a list of {role, content}: %v", err)
+		return nil, badRequest("messages must be a list of {role, content}: %v", err)
 	}
 	if len(msgs) == 0 {
-		return 0, badRequest("messages must not be empty")
+		return nil, badRequest("messages must not be empty")
 	}
-	chars := 0
+	rendered := make([]ChatMessage, len(msgs))
 	for i, m := range msgs {
 		if m.Role == "" {
-			return 0, badRequest("messages[%d].role is required", i)
+			return nil, badRequest("messages[%d].role is required", i)
 		}
-		n, err := contentChars(m.Content)
+		text, err := contentText(m.Content)
 		if err != nil {
-			return 0, badRequest("messages[%d].content: %v", i, err)
+			return nil, badRequest("messages[%d].content: %v", i, err)
 		}
-		chars += n
+		rendered[i] = ChatMessage{Role: m.Role, Content: text}
 	}
-	return estimateTokens(chars) + chatTemplateTokens*len(msgs), nil
+	return TextTokens(nil, RenderChat(rendered)), nil
 }
 
-// contentChars counts the text of a message content: a string, or a list of
-// parts of which the text parts count.
-func contentChars(raw json.RawMessage) (int, error) {
+// contentText flattens a message content for the template: a string as is;
+// a list of parts as the text parts' text, with every other part (an image,
+// audio) as "<|type|>" and its JSON, so that different media give different
+// tokens and the same media the same ones.
+func contentText(raw json.RawMessage) (string, error) {
 	if len(raw) == 0 || string(raw) == "null" {
-		return 0, nil // assistant messages with tool calls have no content
+		return "", nil // assistant messages with tool calls have no content
 	}
 	var s string
 	if json.Unmarshal(raw, &s) == nil {
-		return utf8.RuneCountInString(s), nil
+		return s, nil
 	}
-	var parts []struct {
-		Type string `json:"type"`
-		Text string `json:"text"`
-	}
+	var parts []json.RawMessage
 	if err := json.Unmarshal(raw, &parts); err != nil {
-		return 0, errors.New("must be a string or a list of content parts")
+		return "", errors.New("must be a string or a list of content parts")
 	}
-	n := 0
-	for _, p := range parts {
-		if p.Type == "text" {
-			n += utf8.RuneCountInString(p.Text)
+	var b strings.Builder
+	for _, raw := range parts {
+		var p struct {
+			Type string `json:"type"`
+			Text string `json:"text"`
 		}
+		if err := json.Unmarshal(raw, &p); err != nil {
+			return "", errors.New("content parts must be objects with a type")
+		}
+		if p.Type == "text" {
+			b.WriteString(p.Text)
+			continue
+		}
+		b.WriteString("<|")
+		b.WriteString(p.Type)
+		b.WriteString("|>")
+		b.Write(raw)
 	}
-	return n, nil
+	return b.String(), nil
 }
 
 // tokenWords is the text the simulator "generates": token i is
@@ -225,9 +247,16 @@ func GeneratedText(n int) string {
 // OpenAI-shaped response bodies.
 
 type usageInfo struct {
-	PromptTokens     int `json:"prompt_tokens"`
-	TotalTokens      int `json:"total_tokens"`
-	CompletionTokens int `json:"completion_tokens"`
+	PromptTokens        int                  `json:"prompt_tokens"`
+	TotalTokens         int                  `json:"total_tokens"`
+	CompletionTokens    int                  `json:"completion_tokens"`
+	PromptTokensDetails *promptTokensDetails `json:"prompt_tokens_details,omitempty"`
+}
+
+// promptTokensDetails is vLLM's PromptTokenUsageInfo, sent with
+// --enable-prompt-tokens-details.
+type promptTokensDetails struct {
+	CachedTokens int `json:"cached_tokens"`
 }
 
 type completionChoice struct {

@@ -7,7 +7,7 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-func TestPromptTokenEstimate(t *testing.T) {
+func TestPromptTokensFollowTheTokenizerRule(t *testing.T) {
 	tests := []struct {
 		kind apiKind
 		body string
@@ -15,20 +15,55 @@ func TestPromptTokenEstimate(t *testing.T) {
 	}{
 		{apiCompletions, `{"model":"m","prompt":"abcd"}`, 1},
 		{apiCompletions, `{"model":"m","prompt":"abcde"}`, 2},
-		{apiCompletions, `{"model":"m","prompt":""}`, 1},
-		{apiCompletions, `{"model":"m","prompt":"ééééé"}`, 2}, // runes, not bytes
+		{apiCompletions, `{"model":"m","prompt":""}`, 1},      // the BOS-like filler token
+		{apiCompletions, `{"model":"m","prompt":"ééééé"}`, 3}, // 10 bytes
 		{apiCompletions, `{"model":"m","prompt":[5,6,7]}`, 3},
 		{apiCompletions, `{"model":"m","prompt":["abcdefgh"]}`, 2},
 		{apiCompletions, `{"model":"m","prompt":[[1,2]]}`, 2},
 		{apiCompletions, `{"model":"m","prompt":"abcd","sim_prompt_tokens":77}`, 77},
-		{apiChat, `{"model":"m","messages":[{"role":"user","content":"abcdefgh"}]}`, 2 + 3},
-		{apiChat, `{"model":"m","messages":[{"role":"assistant","content":null},{"role":"user","content":[{"type":"image_url"},{"type":"text","text":"abcd"}]}]}`, 1 + 6},
+		{apiCompletions, `{"model":"m","prompt":"abcdefghijkl","sim_prompt_tokens":2}`, 2},
+		// "<|user|>abcdefgh\n<|assistant|>": 8+8+1+13 = 30 bytes.
+		{apiChat, `{"model":"m","messages":[{"role":"user","content":"abcdefgh"}]}`, 8},
+		// "<|assistant|>\n" 14, "<|user|><|image_url|>{"type":"image_url"}abcd\n" 46, "<|assistant|>" 13.
+		{apiChat, `{"model":"m","messages":[{"role":"assistant","content":null},{"role":"user","content":[{"type":"image_url"},{"type":"text","text":"abcd"}]}]}`, 19},
 	}
 	for _, tc := range tests {
 		g, err := parseGenerationRequest(tc.kind, []byte(tc.body))
 		require.NoError(t, err, tc.body)
 		assert.Equal(t, tc.want, g.PromptTokens, tc.body)
+		assert.Len(t, g.Prompt, tc.want, tc.body)
 	}
+}
+
+func TestTokenIDsArePiecesOfFourBytes(t *testing.T) {
+	assert.Equal(t, []uint32{0x64636261, 0x65}, TextTokens(nil, "abcde"))
+	assert.Equal(t, 2, TextTokenCount("abcde"))
+	g, err := parseGenerationRequest(apiCompletions, []byte(`{"model":"m","prompt":[7,4294967295]}`))
+	require.NoError(t, err)
+	assert.Equal(t, []uint32{7, 4294967295}, g.Prompt, "token ids are used as given")
+
+	// A shared text prefix gives a shared token prefix, up to the last whole
+	// 4-byte piece; the same holds for a conversation and its next turn.
+	long, err := parseGenerationRequest(apiCompletions, []byte(`{"model":"m","prompt":"You are a helpful assistant. Question one?"}`))
+	require.NoError(t, err)
+	other, err := parseGenerationRequest(apiCompletions, []byte(`{"model":"m","prompt":"You are a helpful assistant. Another?"}`))
+	require.NoError(t, err)
+	assert.Equal(t, long.Prompt[:7], other.Prompt[:7]) // 28 shared bytes
+	assert.NotEqual(t, long.Prompt[7], other.Prompt[7])
+
+	turn1, err := parseGenerationRequest(apiChat, []byte(`{"model":"m","messages":[{"role":"system","content":"Be brief."},{"role":"user","content":"Hi there"}]}`))
+	require.NoError(t, err)
+	turn2, err := parseGenerationRequest(apiChat, []byte(`{"model":"m","messages":[{"role":"system","content":"Be brief."},{"role":"user","content":"Hi there"},{"role":"assistant","content":"Hello!"},{"role":"user","content":"Bye"}]}`))
+	require.NoError(t, err)
+	common := len("<|system|>Be brief.\n<|user|>Hi there\n<|assistant|>") / BytesPerToken
+	assert.Equal(t, turn1.Prompt[:common], turn2.Prompt[:common])
+
+	_, err = parseGenerationRequest(apiCompletions, []byte(`{"model":"m","prompt":[1,-2]}`))
+	assert.ErrorContains(t, err, "out of range")
+	_, err = parseGenerationRequest(apiCompletions, []byte(`{"model":"m","prompt":[4294967296]}`))
+	assert.ErrorContains(t, err, "out of range")
+	_, err = parseGenerationRequest(apiChat, []byte(`{"model":"m","messages":[{"role":"user","content":[1]}]}`))
+	assert.ErrorContains(t, err, "content parts")
 }
 
 func TestMaxTokensFields(t *testing.T) {
@@ -65,7 +100,7 @@ func FuzzParseGenerationRequest(f *testing.F) {
 			}
 			return
 		}
-		if g.Model == "" || g.PromptTokens < 1 || g.MaxTokens < 0 {
+		if g.Model == "" || g.PromptTokens < 1 || g.PromptTokens != len(g.Prompt) || g.MaxTokens < 0 {
 			t.Fatalf("accepted %q as %+v", body, g)
 		}
 	})

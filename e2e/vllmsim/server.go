@@ -67,6 +67,10 @@ type ServerConfig struct {
 	Seed uint64
 	// DefaultMaxTokens is the output length of requests without max_tokens.
 	DefaultMaxTokens int
+	// PromptTokensDetails adds usage.prompt_tokens_details.cached_tokens to
+	// responses (non-streaming, and the usage chunk of a stream), as vLLM's
+	// --enable-prompt-tokens-details does (off by default in vLLM).
+	PromptTokensDetails bool
 	// Logger receives structured logs; nil discards them.
 	Logger *slog.Logger
 	// WallClock is the wall clock; nil means time.Now.
@@ -103,6 +107,7 @@ type Server struct {
 // progress through the atomics and signals notify.
 type call struct {
 	generated atomic.Int64
+	cached    atomic.Int64 // the request's CachedTokens, set before finished
 	finished  atomic.Bool
 	failed    atomic.Bool // the server closed before completion
 	notify    chan struct{}
@@ -297,6 +302,7 @@ func (s *Server) publishLocked(completed []*Request) {
 	for _, req := range completed {
 		if c, ok := s.inflight[req]; ok {
 			c.generated.Store(int64(req.Generated))
+			c.cached.Store(int64(req.CachedTokens))
 			c.finished.Store(true)
 			c.signal()
 			delete(s.inflight, req)
@@ -382,13 +388,21 @@ func (s *Server) serveMetrics(w http.ResponseWriter, _ *http.Request) {
 		v.injected[k] = n
 	}
 	s.mu.Unlock()
+	prefixCaching := "False"
+	if v.replica.PrefixCaching {
+		prefixCaching = "True"
+	}
+	// Label values are CacheConfig fields as Python prints them
+	// (vllm/config/cache.py, metrics_info). The hash algorithm is vLLM's
+	// default; the simulator's own hash never leaves the replica.
 	v.cacheInfo = [][2]string{
 		{"block_size", strconv.Itoa(v.replica.BlockSize)},
 		{"cache_dtype", "auto"},
-		{"enable_prefix_caching", "False"},
+		{"enable_prefix_caching", prefixCaching},
 		{"gpu_memory_utilization", "0.9"},
 		{"num_cpu_blocks", "0"},
 		{"num_gpu_blocks", strconv.Itoa(v.replica.KVBlocksTotal)},
+		{"prefix_caching_hash_algo", "sha256"},
 	}
 	if v.names != MetricsV0 {
 		v.cacheInfo = append(v.cacheInfo, [2]string{"engine", "0"})
@@ -464,7 +478,7 @@ func (s *Server) serveGeneration(w http.ResponseWriter, r *http.Request, kind ap
 		}
 	}
 
-	req := &Request{Adapter: adapter, PromptTokens: g.PromptTokens, OutputTokens: g.MaxTokens}
+	req := &Request{Adapter: adapter, PromptTokens: g.PromptTokens, Prompt: g.Prompt, OutputTokens: g.MaxTokens}
 	c := &call{notify: make(chan struct{}, 1)}
 	s.mu.Lock()
 	if s.closed || !s.started {
@@ -484,7 +498,7 @@ func (s *Server) serveGeneration(w http.ResponseWriter, r *http.Request, kind ap
 	s.mu.Unlock()
 	s.kick()
 
-	meta := responseMeta{kind: kind, id: id, created: s.now().Unix(), model: g.Model, promptTokens: g.PromptTokens}
+	meta := responseMeta{kind: kind, id: id, created: s.now().Unix(), model: g.Model, promptTokens: g.PromptTokens, details: s.cfg.PromptTokensDetails}
 	if g.Stream {
 		s.writeStream(w, r.Context(), req, c, meta, g.IncludeUsage)
 	} else {
@@ -498,6 +512,19 @@ type responseMeta struct {
 	created      int64
 	model        string
 	promptTokens int
+	details      bool // PromptTokensDetails
+}
+
+// usage is the response's usage block once the call finished. With prompt
+// token details on, cached_tokens is sent even when it is 0, as current
+// vLLM does (it tests num_cached_tokens for None), so a client can tell a
+// miss from a server that reports nothing.
+func (m responseMeta) usage(c *call, completion int) *usageInfo {
+	u := &usageInfo{PromptTokens: m.promptTokens, CompletionTokens: completion, TotalTokens: m.promptTokens + completion}
+	if m.details {
+		u.PromptTokensDetails = &promptTokensDetails{CachedTokens: int(c.cached.Load())}
+	}
+	return u
 }
 
 func (m responseMeta) prefixedID() string {
@@ -544,10 +571,7 @@ func (s *Server) writeWhole(w http.ResponseWriter, ctx context.Context, req *Req
 	}
 	n := int(c.generated.Load())
 	reason := "length"
-	body := responseBody{
-		ID: m.prefixedID(), Created: m.created, Model: m.model,
-		Usage: &usageInfo{PromptTokens: m.promptTokens, CompletionTokens: n, TotalTokens: m.promptTokens + n},
-	}
+	body := responseBody{ID: m.prefixedID(), Created: m.created, Model: m.model, Usage: m.usage(c, n)}
 	if m.kind == apiChat {
 		body.Object = "chat.completion"
 		body.Choices = []chatChoice{{Message: &chatMessage{Role: "assistant", Content: GeneratedText(n)}, FinishReason: &reason}}
@@ -621,7 +645,7 @@ func (s *Server) writeStream(w http.ResponseWriter, ctx context.Context, req *Re
 		}
 	}
 	if includeUsage {
-		_ = chunk([]struct{}{}, &usageInfo{PromptTokens: m.promptTokens, CompletionTokens: sent, TotalTokens: m.promptTokens + sent})
+		_ = chunk([]struct{}{}, m.usage(c, sent))
 	}
 	_, _ = io.WriteString(w, "data: [DONE]\n\n")
 	_ = rc.Flush()

@@ -91,8 +91,8 @@ func TestCompletionsPlain(t *testing.T) {
 		{"completion", "/v1/completions", `{"model":"sql-lora","prompt":"hello world","max_tokens":5}`, 3, 5, false},
 		{"token ids", "/v1/completions", `{"model":"` + testModel + `","prompt":[1,2,3,4,5,6,7]}`, 7, 16, false},
 		{"hint", "/v1/completions", `{"model":"tweet-lora","prompt":"x","max_tokens":2,"sim_prompt_tokens":900}`, 900, 2, false},
-		{"chat", "/v1/chat/completions", `{"model":"sql-lora","messages":[{"role":"user","content":"12345678"}],"max_completion_tokens":4}`, 2 + 3, 4, true},
-		{"chat parts", "/v1/chat/completions", `{"model":"sql-lora","messages":[{"role":"system","content":"abcd"},{"role":"user","content":[{"type":"text","text":"abcd"}]}],"max_tokens":3}`, 2 + 6, 3, true},
+		{"chat", "/v1/chat/completions", `{"model":"sql-lora","messages":[{"role":"user","content":"12345678"}],"max_completion_tokens":4}`, 8, 4, true},
+		{"chat parts", "/v1/chat/completions", `{"model":"sql-lora","messages":[{"role":"system","content":"abcd"},{"role":"user","content":[{"type":"text","text":"abcd"}]}],"max_tokens":3}`, 11, 3, true},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -145,7 +145,7 @@ func TestCompletionsStreaming(t *testing.T) {
 		prompt           int
 	}{
 		{"completion", "/v1/completions", `{"model":"sql-lora","prompt":"hello","max_tokens":40,"stream":true}`, false, true, 2},
-		{"chat", "/v1/chat/completions", `{"model":"tweet-lora","messages":[{"role":"user","content":"hi"}],"max_tokens":40,"stream":true}`, true, true, 1 + 3},
+		{"chat", "/v1/chat/completions", `{"model":"tweet-lora","messages":[{"role":"user","content":"hi"}],"max_tokens":40,"stream":true}`, true, true, 6},
 		{"no usage", "/v1/completions", `{"model":"` + testModel + `","prompt":"hello","max_tokens":40,"stream":true,"stream_options":{"include_usage":false}}`, false, false, 2},
 	}
 	for _, tc := range tests {
@@ -195,6 +195,46 @@ func TestCompletionsStreaming(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestRepeatedPromptReportsCachedTokens sends one long prompt three times
+// (plain, streamed, and with prompt token details off) and reads the cached
+// tokens from each response and from /metrics.
+func TestRepeatedPromptReportsCachedTokens(t *testing.T) {
+	_, url := startSim(t, func(c *ServerConfig) { c.PromptTokensDetails = true })
+	prompt := strings.Repeat("The same long system prompt. ", 80)[:2000] // 500 tokens
+	body := `{"model":"sql-lora","prompt":"` + prompt + `","max_tokens":4}`
+
+	first := decode[testResponse](t, post(t, url+"/v1/completions", body).Body)
+	require.NotNil(t, first.Usage.PromptTokensDetails, "details are sent for a miss too")
+	assert.Equal(t, 0, first.Usage.PromptTokensDetails.CachedTokens)
+
+	second := decode[testResponse](t, post(t, url+"/v1/completions", body).Body)
+	require.NotNil(t, second.Usage.PromptTokensDetails)
+	assert.Equal(t, 496, second.Usage.PromptTokensDetails.CachedTokens, "31 of 32 blocks: the last token is always computed")
+	assert.Equal(t, 500, second.Usage.PromptTokens)
+
+	stream := post(t, url+"/v1/completions", `{"model":"sql-lora","prompt":"`+prompt+`","max_tokens":4,"stream":true,"stream_options":{"include_usage":true}}`)
+	events := readSSE(t, stream.Body)
+	require.GreaterOrEqual(t, len(events), 2)
+	final := decode[testResponse](t, strings.NewReader(events[len(events)-2]))
+	require.Empty(t, final.Choices)
+	require.NotNil(t, final.Usage.PromptTokensDetails)
+	assert.Equal(t, 496, final.Usage.PromptTokensDetails.CachedTokens)
+
+	// Under another adapter the same text misses.
+	other := decode[testResponse](t, post(t, url+"/v1/completions", strings.Replace(body, "sql-lora", "tweet-lora", 1)).Body)
+	assert.Equal(t, 0, other.Usage.PromptTokensDetails.CachedTokens)
+
+	fams := scrape(t, url)
+	assert.Equal(t, 4*500.0, fams["vllm:prefix_cache_queries_total"].GetMetric()[0].GetCounter().GetValue())
+	assert.Equal(t, 2*496.0, fams["vllm:prefix_cache_hits_total"].GetMetric()[0].GetCounter().GetValue())
+
+	_, plain := startSim(t, nil)
+	resp := post(t, plain+"/v1/completions", body)
+	raw, err := io.ReadAll(resp.Body)
+	require.NoError(t, err)
+	assert.NotContains(t, string(raw), "prompt_tokens_details", "off, as vLLM without --enable-prompt-tokens-details")
 }
 
 func TestErrorsFollowVLLM(t *testing.T) {
@@ -324,6 +364,23 @@ func TestMetricsNamesAndTypes(t *testing.T) {
 			cache := labelsOf(fams["vllm:cache_config_info"].GetMetric()[0])
 			assert.Equal(t, "16", cache["block_size"])
 			assert.Equal(t, "6875", cache["num_gpu_blocks"])
+			assert.Equal(t, "True", cache["enable_prefix_caching"])
+
+			prefix := map[MetricsNames][]string{
+				MetricsV0:   {"vllm:gpu_prefix_cache_hit_rate"},
+				MetricsV1:   {"vllm:prefix_cache_queries_total", "vllm:prefix_cache_hits_total"},
+				MetricsBoth: {"vllm:prefix_cache_queries_total", "vllm:prefix_cache_hits_total", "vllm:gpu_prefix_cache_queries_total", "vllm:gpu_prefix_cache_hits_total"},
+			}[tc.names]
+			for _, name := range prefix {
+				require.Contains(t, fams, name)
+			}
+			if tc.names != MetricsV0 {
+				assert.Equal(t, 2.0, fams["vllm:prefix_cache_queries_total"].GetMetric()[0].GetCounter().GetValue())
+				assert.NotContains(t, fams, "vllm:gpu_prefix_cache_hit_rate")
+			}
+			if tc.names == MetricsV1 {
+				assert.NotContains(t, fams, "vllm:gpu_prefix_cache_queries_total")
+			}
 		})
 	}
 }

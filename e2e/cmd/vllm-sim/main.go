@@ -35,11 +35,12 @@ func main() {
 
 type options struct {
 	addr, name, model, adapters, profile, metricsNames, logLevel, logFormat string
+	loraAdmission                                                           string
 	maxLoRAs, maxNumSeqs, maxBatchedTokens, kvTokens, maxModelLen           int
-	defaultMaxTokens, maxCPULoRAs                                           int
+	defaultMaxTokens, maxCPULoRAs, blockSize                                int
 	timeScale, errorRate, spikeRate                                         float64
 	spike, loraDiskLoad, shutdownTimeout                                    time.Duration
-	metricsDown                                                             bool
+	metricsDown, prefixCaching, promptTokensDetails                         bool
 	seed                                                                    uint64
 }
 
@@ -56,7 +57,11 @@ func parseFlags(args []string) (options, error) {
 	fs.StringVar(&o.profile, "model-profile", vllmsim.Llama2_7B.Name, "step-time and KV profile: llama-2-7b | llama-3.1-8b")
 	fs.IntVar(&o.maxNumSeqs, "max-num-seqs", 256, "running sequences cap (vLLM max_num_seqs)")
 	fs.IntVar(&o.maxBatchedTokens, "max-num-batched-tokens", 2048, "token budget per engine step (chunked prefill)")
-	fs.IntVar(&o.kvTokens, "kv-capacity-tokens", 0, "KV cache capacity in tokens, paged in blocks of 16 (0: the profile's)")
+	fs.IntVar(&o.kvTokens, "kv-capacity-tokens", 0, "KV cache capacity in tokens, paged in blocks of --block-size (0: the profile's)")
+	fs.IntVar(&o.blockSize, "block-size", 16, "tokens per KV block (vLLM --block-size)")
+	fs.BoolVar(&o.prefixCaching, "enable-prefix-caching", true, "automatic prefix caching, on by default in vLLM V1 (=false as --no-enable-prefix-caching)")
+	fs.BoolVar(&o.promptTokensDetails, "enable-prompt-tokens-details", true, "report usage.prompt_tokens_details.cached_tokens (vLLM's flag of that name; vLLM's default is off, the simulator's on)")
+	fs.StringVar(&o.loraAdmission, "lora-admission", "skip", "waiting requests whose adapter has no slot: skip (vLLM V1: later requests of adapters in the batch go first) or fifo (strict arrival order)")
 	fs.IntVar(&o.maxModelLen, "max-model-len", 0, "longest prompt+output accepted (0: the profile's)")
 	fs.IntVar(&o.defaultMaxTokens, "default-max-tokens", 128, "output tokens of requests without max_tokens")
 	fs.Float64Var(&o.timeScale, "time-scale", 1, "virtual seconds per wall second (10 = ten times faster than real)")
@@ -112,6 +117,11 @@ func serverConfig(o options, log *slog.Logger) (vllmsim.ServerConfig, error) {
 	rc := vllmsim.DefaultReplicaConfig(profile)
 	rc.MaxNumSeqs = o.maxNumSeqs
 	rc.MaxNumBatchedTokens = o.maxBatchedTokens
+	rc.BlockSize = o.blockSize
+	rc.EnablePrefixCaching = o.prefixCaching
+	if rc.LoRAAdmission, err = vllmsim.ParseLoRAAdmission(o.loraAdmission); err != nil {
+		return vllmsim.ServerConfig{}, fmt.Errorf("--lora-admission: %w", err)
+	}
 	if o.kvTokens != 0 {
 		rc.KVCapacityTokens = o.kvTokens
 	}
@@ -133,16 +143,17 @@ func serverConfig(o options, log *slog.Logger) (vllmsim.ServerConfig, error) {
 		rc.AdapterLoad.DiskLoad = o.loraDiskLoad
 	}
 	return vllmsim.ServerConfig{
-		Name:             o.name,
-		Model:            o.model,
-		Adapters:         adapters,
-		Replica:          rc,
-		TimeScale:        o.timeScale,
-		MetricsNames:     names,
-		Faults:           vllmsim.Faults{ErrorRate: o.errorRate, LatencySpikeRate: o.spikeRate, LatencySpike: o.spike, MetricsDown: o.metricsDown},
-		Seed:             o.seed,
-		DefaultMaxTokens: o.defaultMaxTokens,
-		Logger:           log,
+		Name:                o.name,
+		Model:               o.model,
+		Adapters:            adapters,
+		Replica:             rc,
+		TimeScale:           o.timeScale,
+		MetricsNames:        names,
+		Faults:              vllmsim.Faults{ErrorRate: o.errorRate, LatencySpikeRate: o.spikeRate, LatencySpike: o.spike, MetricsDown: o.metricsDown},
+		Seed:                o.seed,
+		DefaultMaxTokens:    o.defaultMaxTokens,
+		PromptTokensDetails: o.promptTokensDetails,
+		Logger:              log,
 	}, nil
 }
 
@@ -175,7 +186,9 @@ func run(ctx context.Context, args []string, ready func(addr string)) error {
 	go func() { errc <- srv.Serve(ln) }()
 	log.Info("vllm-sim listening", "addr", ln.Addr().String(), "replica", cfg.Name, "model", cfg.Model,
 		"adapters", cfg.Adapters, "max_loras", cfg.Replica.MaxLoRAs, "profile", cfg.Replica.Profile.Name,
-		"kv_capacity_tokens", cfg.Replica.KVCapacityTokens, "time_scale", cfg.TimeScale, "metrics_names", cfg.MetricsNames)
+		"kv_capacity_tokens", cfg.Replica.KVCapacityTokens, "block_size", cfg.Replica.BlockSize,
+		"prefix_caching", cfg.Replica.EnablePrefixCaching, "prompt_tokens_details", cfg.PromptTokensDetails,
+		"lora_admission", cfg.Replica.LoRAAdmission, "time_scale", cfg.TimeScale, "metrics_names", cfg.MetricsNames)
 	if ready != nil {
 		ready(ln.Addr().String())
 	}

@@ -2,10 +2,13 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"flag"
 	"io"
 	"net/http"
+	"regexp"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -21,7 +24,8 @@ func TestFlagsBuildTheServerConfig(t *testing.T) {
 		"--max-loras", "2", "--model-profile", "llama-3.1-8b", "--kv-capacity-tokens", "200000",
 		"--time-scale", "10", "--metrics-names", "v0", "--error-rate", "0.1",
 		"--latency-spike-rate", "0.2", "--latency-spike", "1s", "--metrics-down", "--seed", "9",
-		"--max-cpu-loras", "3", "--lora-disk-load", "300ms"})
+		"--max-cpu-loras", "3", "--lora-disk-load", "300ms", "--block-size", "32", "--enable-prefix-caching=false",
+		"--enable-prompt-tokens-details=false", "--lora-admission", "fifo"})
 	require.NoError(t, err)
 	cfg, err := serverConfig(o, nil)
 	require.NoError(t, err)
@@ -37,6 +41,10 @@ func TestFlagsBuildTheServerConfig(t *testing.T) {
 	assert.Equal(t, uint64(9), cfg.Seed)
 	assert.Equal(t, 3, cfg.Replica.AdapterLoad.MaxCPUAdapters)
 	assert.Equal(t, 300*time.Millisecond, cfg.Replica.AdapterLoad.DiskLoad)
+	assert.Equal(t, 32, cfg.Replica.BlockSize)
+	assert.False(t, cfg.Replica.EnablePrefixCaching)
+	assert.False(t, cfg.PromptTokensDetails)
+	assert.Equal(t, vllmsim.LoRAFIFO, cfg.Replica.LoRAAdmission)
 
 	o, err = parseFlags(nil)
 	require.NoError(t, err)
@@ -45,6 +53,10 @@ func TestFlagsBuildTheServerConfig(t *testing.T) {
 	assert.Equal(t, "127.0.0.1:8000", cfg.Name, "name defaults to the address")
 	assert.Equal(t, 0, cfg.Replica.MaxLoRAs, "no adapters, no LoRA")
 	assert.Equal(t, vllmsim.MetricsV1, cfg.MetricsNames)
+	assert.Equal(t, 16, cfg.Replica.BlockSize)
+	assert.True(t, cfg.Replica.EnablePrefixCaching, "on by default, as in vLLM V1")
+	assert.True(t, cfg.PromptTokensDetails, "cached_tokens reported by default")
+	assert.Equal(t, vllmsim.LoRASkip, cfg.Replica.LoRAAdmission)
 }
 
 func TestBadFlagsFail(t *testing.T) {
@@ -52,6 +64,7 @@ func TestBadFlagsFail(t *testing.T) {
 		{"--model-profile", "gpt"},
 		{"--metrics-names", "v3"},
 		{"--adapters", "a", "--max-loras", "0"},
+		{"--lora-admission", "random"},
 		{"stray"},
 	} {
 		o, err := parseFlags(args)
@@ -96,4 +109,70 @@ func TestRunServesAndShutsDownGracefully(t *testing.T) {
 	}
 	_, err = http.Get("http://" + addr + "/health")
 	assert.Error(t, err, "listener closed")
+}
+
+// startRun runs the command in-process with args and returns its address.
+func startRun(t *testing.T, args ...string) string {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	addrc := make(chan string, 1)
+	errc := make(chan error, 1)
+	go func() {
+		errc <- run(ctx, append([]string{"--addr", "127.0.0.1:0", "--log-level", "warn"}, args...), func(a string) { addrc <- a })
+	}()
+	t.Cleanup(func() {
+		cancel()
+		select {
+		case <-errc:
+		case <-time.After(15 * time.Second):
+			t.Error("no shutdown")
+		}
+	})
+	select {
+	case addr := <-addrc:
+		return addr
+	case err := <-errc:
+		t.Fatalf("run failed: %v", err)
+	case <-time.After(10 * time.Second):
+		t.Fatal("not listening")
+	}
+	return ""
+}
+
+// TestRepeatedLongPromptHitsTheCache is the command with its default flags:
+// the second send of a long prompt reports cached tokens, and /metrics
+// counts the hit.
+func TestRepeatedLongPromptHitsTheCache(t *testing.T) {
+	addr := startRun(t, "--time-scale", "1000")
+	prompt := strings.Repeat("Answer from the attached 40-page contract only. ", 100) // 4800 bytes: 1200 tokens
+	body := `{"model":"meta-llama/Llama-2-7b-hf","messages":[{"role":"system","content":"` + prompt + `"},{"role":"user","content":"Who signs?"}],"max_tokens":8}`
+	cached := func() int {
+		resp, err := http.Post("http://"+addr+"/v1/chat/completions", "application/json", strings.NewReader(body))
+		require.NoError(t, err)
+		defer resp.Body.Close()
+		require.Equal(t, http.StatusOK, resp.StatusCode)
+		var out struct {
+			Usage struct {
+				PromptTokens        int `json:"prompt_tokens"`
+				PromptTokensDetails *struct {
+					CachedTokens int `json:"cached_tokens"`
+				} `json:"prompt_tokens_details"`
+			} `json:"usage"`
+		}
+		require.NoError(t, json.NewDecoder(resp.Body).Decode(&out))
+		require.NotNil(t, out.Usage.PromptTokensDetails)
+		return out.Usage.PromptTokensDetails.CachedTokens
+	}
+	assert.Equal(t, 0, cached())
+	second := cached()
+	assert.Greater(t, second, 1000)
+
+	resp, err := http.Get("http://" + addr + "/metrics")
+	require.NoError(t, err)
+	page, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	hits := regexp.MustCompile(`(?m)^vllm:prefix_cache_hits_total\{[^}]*\} (\d+)$`).FindSubmatch(page)
+	require.NotNil(t, hits, "%s", page)
+	assert.Equal(t, strconv.Itoa(second), string(hits[1]))
+	assert.Regexp(t, `vllm:cache_config_info\{[^}]*enable_prefix_caching="True"`, string(page))
 }

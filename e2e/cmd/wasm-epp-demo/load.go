@@ -163,11 +163,11 @@ func plan(shape loadShape, mix []mixEntry) []job {
 }
 
 // body renders the OpenAI request. The prompt is real text of about the
-// planned length (the simulator counts 4 characters per token), so the
+// planned length (the simulator counts 4 bytes per token), so the
 // plugin parses bodies of realistic size.
 func (j job) body() []byte {
 	const sentence = "SELECT name FROM users; "
-	n := j.PromptToks * vllmsim.CharsPerToken
+	n := j.PromptToks * vllmsim.BytesPerToken
 	text := strings.Repeat(sentence, n/len(sentence)+1)[:n]
 	req := map[string]any{"model": j.Model, "max_tokens": j.MaxTokens, "stream": j.Stream}
 	if j.Chat {
