@@ -236,19 +236,15 @@ func (p *blockPool) release(table []int32) {
 // hashIndex maps a block hash to a block id: open addressing with linear
 // probing over a power-of-two table at most half full (the pool's blocks
 // bound its entries), and backward-shift deletion, so the constant insert
-// and evict churn of the cache leaves no tombstones. Block hashes are
-// already uniform, so their low bits index the table. It replaced a Go map
-// whose probe sequences grew under that churn: 6× the CPU of the model
-// without caching, against 1.4× with this table (BENCHMARKS.md).
+// and evict churn of the cache leaves no tombstones. Keys are never 0
+// (hashBlock sets bit 0), so an empty slot is a 0 key and a probe reads only
+// the key array until it hits. Block hashes are already uniform, so their
+// low bits index the table. It replaced a Go map whose probe sequences grew
+// under that churn (BENCHMARKS.md has the figures).
 type hashIndex struct {
-	slots []indexSlot
-	mask  uint64
-}
-
-// indexSlot keeps a key next to its block: one cache line per probe.
-type indexSlot struct {
-	key   uint64
-	block int32 // noBlock marks an empty slot
+	keys   []uint64
+	blocks []int32
+	mask   uint64
 }
 
 func newHashIndex(maxEntries int) hashIndex {
@@ -256,50 +252,49 @@ func newHashIndex(maxEntries int) hashIndex {
 	for size < 2*maxEntries {
 		size *= 2
 	}
-	h := hashIndex{slots: make([]indexSlot, size), mask: uint64(size - 1)}
-	for i := range h.slots {
-		h.slots[i].block = noBlock
+	return hashIndex{keys: make([]uint64, size), blocks: make([]int32, size), mask: uint64(size - 1)}
+}
+
+// slot is key's slot, or the empty slot where it would go.
+func (h *hashIndex) slot(key uint64) uint64 {
+	i := key & h.mask
+	for h.keys[i] != 0 && h.keys[i] != key {
+		i = (i + 1) & h.mask
 	}
-	return h
+	return i
 }
 
 // get returns the block of key, or noBlock.
 func (h *hashIndex) get(key uint64) int32 {
-	for i := key & h.mask; ; i = (i + 1) & h.mask {
-		b := h.slots[i].block
-		if b == noBlock || h.slots[i].key == key {
-			return b
-		}
+	if i := h.slot(key); h.keys[i] != 0 {
+		return h.blocks[i]
 	}
+	return noBlock
 }
 
 // getOrSet returns key's block, first setting it to block if key is
 // absent.
 func (h *hashIndex) getOrSet(key uint64, block int32) int32 {
-	i := key & h.mask
-	for h.slots[i].block != noBlock {
-		if h.slots[i].key == key {
-			return h.slots[i].block
-		}
-		i = (i + 1) & h.mask
+	i := h.slot(key)
+	if h.keys[i] == 0 {
+		h.keys[i], h.blocks[i] = key, block
 	}
-	h.slots[i] = indexSlot{key, block}
-	return block
+	return h.blocks[i]
 }
 
 // removeIf returns key's block; if it is block, key now maps to next, or
 // is removed when next is noBlock.
 func (h *hashIndex) removeIf(key uint64, block, next int32) int32 {
-	i := key & h.mask
-	for h.slots[i].block != noBlock && h.slots[i].key != key {
-		i = (i + 1) & h.mask
+	i := h.slot(key)
+	if h.keys[i] == 0 {
+		return noBlock
 	}
-	found := h.slots[i].block
+	found := h.blocks[i]
 	if found != block {
 		return found
 	}
 	if next != noBlock {
-		h.slots[i].block = next
+		h.blocks[i] = next
 		return found
 	}
 	h.remove(i)
@@ -308,16 +303,16 @@ func (h *hashIndex) removeIf(key uint64, block, next int32) int32 {
 
 // remove empties slot i, shifting back the entries of its probe run.
 func (h *hashIndex) remove(i uint64) {
-	for j := (i + 1) & h.mask; h.slots[j].block != noBlock; j = (j + 1) & h.mask {
+	for j := (i + 1) & h.mask; h.keys[j] != 0; j = (j + 1) & h.mask {
 		// Move the entry at j back to the hole at i unless its home slot
 		// lies cyclically in (i, j].
-		home := h.slots[j].key & h.mask
+		home := h.keys[j] & h.mask
 		if (j-home)&h.mask >= (j-i)&h.mask {
-			h.slots[i] = h.slots[j]
+			h.keys[i], h.blocks[i] = h.keys[j], h.blocks[j]
 			i = j
 		}
 	}
-	h.slots[i].block = noBlock
+	h.keys[i] = 0
 }
 
 // slicePool keeps the block tables and hash lists of finished requests for

@@ -366,7 +366,7 @@ func TestHashIndexAgreesWithAMap(t *testing.T) {
 	// Few distinct keys with colliding low bits stress the probe runs.
 	keys := make([]uint64, 300)
 	for i := range keys {
-		keys[i] = uint64(rng.IntN(64)) | uint64(rng.Uint32())<<20
+		keys[i] = uint64(rng.IntN(64)) | uint64(rng.Uint32())<<20 | 1<<63
 	}
 	for i := range 100_000 {
 		k := keys[rng.IntN(len(keys))]

@@ -218,8 +218,13 @@ type Request struct {
 	hashBlock int // block size the hashes were computed for, 0 = none
 	tail      []uint32
 	loraKey   uint64
-	expectHit int // prompt blocks cached when the request arrived
-	order     int64
+	// expectHit is what CachedPrefixTokens found on this replica at the
+	// Submit time (Load's estimate; 0 if nothing looked).
+	expectHit     int
+	hitFor        *Replica
+	hitStep       int64
+	hitBlocksSeen int
+	order         int64
 
 	// Adapter names the LoRA adapter, "" for the base model.
 	Adapter string
@@ -459,7 +464,9 @@ func (r *Replica) Submit(req *Request, now time.Duration) error {
 	req.expectHit = 0
 	if r.cfg.EnablePrefixCaching {
 		r.prepareHashes(req)
-		req.expectHit = r.hitBlocks(req, (req.numTokens-1)/r.blockTokens)
+		if req.hitFor == r && req.hitStep == r.stepIndex {
+			req.expectHit = req.hitBlocksSeen // CachedPrefixTokens looked since the last step
+		}
 	}
 	r.nextOrder++
 	req.order = r.nextOrder
@@ -573,7 +580,9 @@ func (r *Replica) CachedPrefixTokens(req *Request) int {
 		return 0
 	}
 	r.prepareHashes(req)
-	return r.hitBlocks(req, (req.PromptTokens-1)/r.blockTokens) * r.blockTokens
+	n := r.hitBlocks(req, (req.PromptTokens-1)/r.blockTokens)
+	req.hitFor, req.hitStep, req.hitBlocksSeen = r, r.stepIndex, n
+	return n * r.blockTokens
 }
 
 // NextEventTime is the end of the step in progress, when the next tokens and
@@ -680,7 +689,8 @@ type Load struct {
 	Waiting, Running int
 	// PendingPrefillTokens are prefill tokens not yet computed: the rest of
 	// the running requests' prompts, plus the waiting requests' tokens less
-	// what the prefix cache held for them when they arrived.
+	// what the prefix cache held for them when they arrived (when
+	// CachedPrefixTokens was asked about them then, as the oracle does).
 	PendingPrefillTokens int
 	// DecodingSeqs and DecodeContextTokens are D and ΣL of the step-time
 	// formula for the running requests past their prefill.

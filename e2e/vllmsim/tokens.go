@@ -119,7 +119,7 @@ func hashBlock(parent, extra uint64, tokens []uint32) uint64 {
 	if i < len(tokens) {
 		h = mixWord(h, uint64(tokens[i])|1<<63)
 	}
-	return fmix64(h ^ uint64(len(tokens)))
+	return fmix64(h^uint64(len(tokens))) | 1 // never 0: hashIndex's empty key
 }
 
 func mixWord(h, w uint64) uint64 {
