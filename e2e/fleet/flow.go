@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/wasm-epp/wasm-epp/e2e/vllmsim"
 	"github.com/wasm-epp/wasm-epp/scheduler"
 	"github.com/wasm-epp/wasm-epp/scheduler/flowcontrol"
 )
@@ -300,52 +299,4 @@ func (r *Result) pool(o *Result) {
 	f.Admitted += g.Admitted
 	f.OverThreshold += g.OverThreshold
 	r.Outcomes = append(r.Outcomes, o.Outcomes...)
-}
-
-// arrivals merges the run's Poisson stream with its burst stream.
-type arrivals struct {
-	base, extra *vllmsim.Workload
-	burst       Burst
-	nb, ne      vllmsim.Arrival
-	seq         int
-}
-
-func newArrivals(cfg RunConfig, sc Scenario) (*arrivals, error) {
-	wl := vllmsim.WorkloadConfig{Rate: cfg.Rate, Input: sc.Input, Output: sc.Output, Adapters: sc.Adapters, Seed: cfg.Seed}
-	base, err := vllmsim.NewWorkload(wl)
-	if err != nil {
-		return nil, err
-	}
-	a := &arrivals{base: base, burst: cfg.Burst, nb: base.Next()}
-	if cfg.Burst.On() {
-		wl.Rate *= cfg.Burst.Factor - 1
-		wl.Seed ^= 0xb0b5
-		if a.extra, err = vllmsim.NewWorkload(wl); err != nil {
-			return nil, err
-		}
-		a.ne = a.nextExtra()
-	}
-	return a, nil
-}
-
-func (a *arrivals) nextExtra() vllmsim.Arrival {
-	for {
-		n := a.extra.Next()
-		if a.burst.inside(n.At) {
-			return n
-		}
-	}
-}
-
-// Next is the next arrival of either stream, numbered in arrival order.
-func (a *arrivals) Next() vllmsim.Arrival {
-	var n vllmsim.Arrival
-	if a.extra != nil && a.ne.At < a.nb.At {
-		n, a.ne = a.ne, a.nextExtra()
-	} else {
-		n, a.nb = a.nb, a.base.Next()
-	}
-	n.Seq = a.seq
-	a.seq++
-	return n
 }

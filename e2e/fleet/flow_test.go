@@ -81,19 +81,20 @@ func TestFlowControlNeedsASchedulerPolicy(t *testing.T) {
 // Bursts raise the arrival rate by Factor inside their windows only.
 func TestBurstArrivals(t *testing.T) {
 	b := Burst{Every: 10 * time.Second, Length: 2 * time.Second, Offset: 5 * time.Second, Factor: 3}
-	a, err := newArrivals(RunConfig{Rate: 50, Seed: 3, Burst: b}, smallScenario())
+	a, err := newRunSource(RunConfig{Rate: 50, Seed: 3, Burst: b}, smallScenario())
 	require.NoError(t, err)
 	var in, out int
 	last := time.Duration(-1)
 	for seq := 0; ; seq++ {
-		n := a.Next()
-		require.Equal(t, seq, n.Seq)
-		require.GreaterOrEqual(t, n.At, last, "arrivals in time order")
-		last = n.At
-		if n.At >= 200*time.Second {
+		var n arrival
+		a.take(&n)
+		require.Equal(t, seq, n.seq)
+		require.GreaterOrEqual(t, n.at, last, "arrivals in time order")
+		last = n.at
+		if n.at >= 200*time.Second {
 			break
 		}
-		if b.inside(n.At) {
+		if b.inside(n.at) {
 			in++
 		} else {
 			out++

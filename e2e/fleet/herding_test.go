@@ -123,10 +123,6 @@ func TestGatewayVMsKeepTheirOwnCounts(t *testing.T) {
 	assert.Equal(t, views[0].InFlight, views[1].InFlight, "in-flight counts are the gateway's, shared")
 }
 
-type policyFunc func(req *scheduler.Request, v *View) (int, scheduler.Outcome)
-
-func (f policyFunc) Route(req *scheduler.Request, v *View) (int, scheduler.Outcome) { return f(req, v) }
-
 func containsView(list []*View, v *View) bool {
 	for _, w := range list {
 		if w == v {

@@ -8,6 +8,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/wasm-epp/wasm-epp/e2e/vllmsim"
 	"github.com/wasm-epp/wasm-epp/scheduler"
 	"github.com/wasm-epp/wasm-epp/scheduler/flowcontrol"
 )
@@ -20,6 +21,12 @@ type View struct {
 	// InFlight[i] counts requests the gateway sent to replica i that have
 	// not completed: live, gateway-side state as Envoy keeps it (rq_active).
 	InFlight []int
+	// Request is the request being routed as the replica will receive it
+	// (its ID, token ids in Prompt, adapter, lengths); valid during Route.
+	Request *vllmsim.Request
+	// Replicas are the true replicas. Only the oracle policy reads them:
+	// no real router can.
+	Replicas []*vllmsim.Replica
 }
 
 // Policy routes requests. It returns the replica index when the outcome is
@@ -59,7 +66,7 @@ const (
 )
 
 // DefaultPolicies are the policies a sweep compares: the scheduler's
-// baselines and profiles, and Envoy's least-request.
+// baselines and profiles, Envoy's least-request, and the oracle.
 //
 // "random" and "round-robin" are the scheduler's profiles; over a fleet
 // whose endpoints are all fresh they are exactly Envoy's RANDOM and
@@ -75,6 +82,7 @@ func DefaultPolicies() []PolicySpec {
 		scheduler.ProfileLeastRequest,
 		scheduler.ProfileDecisionTree,
 		scheduler.ProfileScoring,
+		Oracle,
 	}
 	specs := make([]PolicySpec, len(names))
 	for i, n := range names {
@@ -114,8 +122,11 @@ func policyByName(name string, opts PolicyOptions) (PolicySpec, error) {
 			return NewEnvoyLeastRequest(rand.NewPCG(seed, 0xe1e5), 2), nil
 		}}, nil
 	}
+	if name == Oracle {
+		return OracleSpec(), nil
+	}
 	if _, ok := scheduler.BuiltinProfiles()[name]; !ok {
-		return PolicySpec{}, fmt.Errorf("fleet: unknown policy %q (%s, a scheduler profile, or name=config.json)", name, EnvoyLeastRequest)
+		return PolicySpec{}, fmt.Errorf("fleet: unknown policy %q (%s, %s, a scheduler profile, or name=config.json)", name, EnvoyLeastRequest, Oracle)
 	}
 	return SchedulerPolicySpec(name, opts.apply(scheduler.Config{Profile: name})), nil
 }

@@ -5,6 +5,7 @@ import (
 	"math"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/wasm-epp/wasm-epp/e2e/vllmsim"
 	"github.com/wasm-epp/wasm-epp/scheduler"
@@ -22,11 +23,30 @@ type Scenario struct {
 	// Deployment); Replica.MaxLoRAs is vLLM's --max-loras.
 	Replica vllmsim.ReplicaConfig
 	// Adapters is the traffic mix: every request names one adapter, drawn
-	// by weight.
+	// by weight. With Traffic nil, requests have ShareGPT-like Input and
+	// Output lengths and share no prefix.
 	Adapters      []vllmsim.AdapterShare
 	Input, Output vllmsim.LengthDist
-	Criticality   CriticalityMix
+	// Traffic, when set, generates the requests instead (token ids with
+	// shared prefixes: SharedContexts, MultiTurn, SystemPrompts).
+	Traffic     Traffic
+	Criticality CriticalityMix
+	// MinWarmup is the least warmup a run of the scenario gets, whatever
+	// RunConfig.Warmup says: conversations take minutes to reach their
+	// steady mix of turns.
+	MinWarmup time.Duration
 }
+
+// traffic is the scenario's Traffic, ShareGPT traffic when unset.
+func (s Scenario) traffic() Traffic {
+	if s.Traffic != nil {
+		return s.Traffic
+	}
+	return shareGPT{input: s.Input, output: s.Output, adapters: s.Adapters}
+}
+
+// SharesPrefixes reports whether the scenario's prompts share prefixes.
+func (s Scenario) SharesPrefixes() bool { return s.Traffic != nil }
 
 // Validate reports the first unusable field.
 func (s Scenario) Validate() error {
@@ -42,6 +62,9 @@ func (s Scenario) Validate() error {
 		return fmt.Errorf("fleet: scenario %q: %w", s.Name, err)
 	}
 	if err := s.Criticality.Validate(); err != nil {
+		return fmt.Errorf("fleet: scenario %q: %w", s.Name, err)
+	}
+	if err := s.traffic().validate(); err != nil {
 		return fmt.Errorf("fleet: scenario %q: %w", s.Name, err)
 	}
 	return nil
@@ -108,9 +131,62 @@ func BaseModelScenario() Scenario {
 	}
 }
 
+// Fixed is a length distribution that always gives n tokens.
+func Fixed(n float64) vllmsim.LengthDist {
+	return vllmsim.LengthDist{Knots: []vllmsim.Knot{{Q: 0, Tokens: n}, {Q: 1, Tokens: n}}}
+}
+
+// SharedContextScenario is scenario (d), the shape of llm-d's published
+// prefix benchmark (../shared/PREFIX-FACTS.md, D): 150 groups, each with its
+// own 6,000-token context, every request its group's context plus a new
+// 1,200-token question, 1,000 output tokens, on 8 replicas. The contexts
+// need a long-context model: Llama-3.1-8B (467k tokens of KV per replica;
+// the 150 contexts take 900k, about a quarter of the fleet's).
+func SharedContextScenario() Scenario {
+	return Scenario{
+		Name:        "d",
+		Title:       "shared long contexts: 8 replicas (Llama-3.1-8B), 150 groups × 6,000-token context + a new 1,200-token question, 1,000 output tokens",
+		Replicas:    8,
+		Replica:     vllmsim.DefaultReplicaConfig(vllmsim.Llama31_8B),
+		Traffic:     SharedContexts{Groups: 150, ContextTokens: 6000, Question: Fixed(1200), Output: Fixed(1000)},
+		Criticality: AllCritical,
+	}
+}
+
+// MultiTurnScenario is scenario (e): conversations of 3 to 10 turns, each
+// turn resending the whole history (user messages and the responses as
+// generated) plus a ShareGPT-length user message, a ShareGPT-length
+// response, and an exponential think time of mean 10 s between a response
+// and the next turn; 8 Llama-3.1-8B replicas (histories outgrow Llama-2's
+// 4,096-token context).
+func MultiTurnScenario() Scenario {
+	return Scenario{
+		Name:        "e",
+		Title:       "multi-turn chat: 8 replicas (Llama-3.1-8B), conversations of 3–10 turns, ShareGPT-length messages, 10 s mean think time",
+		Replicas:    8,
+		Replica:     vllmsim.DefaultReplicaConfig(vllmsim.Llama31_8B),
+		Traffic:     MultiTurn{MinTurns: 3, MaxTurns: 10, User: vllmsim.ShareGPTInput, Output: vllmsim.ShareGPTOutput, Think: 10 * time.Second},
+		Criticality: AllCritical,
+		MinWarmup:   3 * time.Minute,
+	}
+}
+
+// SystemPromptScenario is scenario (f): scenario (a)'s fleet and adapters
+// (8 Llama-2-7B replicas, max-lora 4, 10 adapters at equal traffic), every
+// request starting with its adapter's own 1,000-token system prompt,
+// followed by ShareGPT-length user text.
+func SystemPromptScenario() Scenario {
+	sc := SeedScenario()
+	sc.Name = "f"
+	sc.Title = "adapters with system prompts: (a)'s fleet, each of the 10 adapters with its own 1,000-token system prompt"
+	sc.Traffic = SystemPrompts{Adapters: sc.Adapters, SystemTokens: 1000, Input: sc.Input, Output: sc.Output}
+	return sc
+}
+
 // Scenarios lists the built-in scenarios by name.
 func Scenarios() []Scenario {
-	return []Scenario{SeedScenario(), RegressionScenario(), BaseModelScenario()}
+	return []Scenario{SeedScenario(), RegressionScenario(), BaseModelScenario(),
+		SharedContextScenario(), MultiTurnScenario(), SystemPromptScenario()}
 }
 
 // ScenarioByName returns a built-in scenario.

@@ -3,7 +3,6 @@ package fleet
 import (
 	"errors"
 	"fmt"
-	"math"
 	"math/rand/v2"
 	"slices"
 	"time"
@@ -41,11 +40,26 @@ type RunConfig struct {
 	// knows only its share; each arrival goes to one of them uniformly at
 	// random. Envoy's least-request reads the shared live counts either way.
 	GatewayVMs int
+	// Gateways is how many Envoy replicas share the traffic (0 means 1),
+	// each with GatewayVMs VMs: an arrival goes to a gateway uniformly at
+	// random (a client-side load balancer), then to one of its VMs. Each
+	// gateway keeps its own in-flight counts (Envoy's least-request) and
+	// its own copy of every scrape; VMs of one gateway can share state
+	// through Placement.Shared.
+	Gateways int
+	// HideCachedTokens makes responses report no cached tokens
+	// (Response.CachedTokens -1), as vLLM without
+	// --enable-prompt-tokens-details.
+	HideCachedTokens bool
 	// Burst, when set, raises the arrival rate periodically (flow.go).
 	Burst Burst
 	// RecordOutcomes keeps every arrival's outcome in Result.Outcomes, to
 	// compare two policies request by request (same seed, same arrivals).
 	RecordOutcomes bool
+
+	// capacity marks MeasureCapacity's run: it stops when arrivals stop,
+	// without draining.
+	capacity bool
 }
 
 // DefaultScrapeInterval is upstream EPP's metrics refresh period.
@@ -100,8 +114,17 @@ type Result struct {
 	Seeds int
 	// Routed counts requests sent to each replica over the whole run.
 	Routed []int
+	// PromptTokens and CachedTokens sum the measured completed requests'
+	// prompts and what the replicas found cached of them
+	// (usage.prompt_tokens_details.cached_tokens); HitRate is their ratio.
+	PromptTokens, CachedTokens int64
 	// End is the virtual time when the last request finished.
 	End time.Duration
+
+	// meanRunning and meanKVUsage average the replicas' batch and KV use
+	// over the window's scrapes; replicaHitRate is the replicas' own
+	// prefix-cache counters over the window (MeasureCapacity reports them).
+	meanRunning, meanKVUsage, replicaHitRate float64
 
 	// Classes splits the measured requests by criticality (index
 	// scheduler.Critical, Standard, Sheddable); latencies of a request
@@ -125,7 +148,9 @@ func (r *Result) PerMinute(count int64) float64 {
 type flight struct {
 	req      vllmsim.Request
 	replica  int
+	policy   int // the routing VM: gateway × GatewayVMs + VM
 	measured bool
+	turn     *turn
 	crit     scheduler.Criticality
 	// waited is the time spent in a flow-control queue before it was sent.
 	waited time.Duration
@@ -197,6 +222,8 @@ func RunSeeds(cfg RunConfig, n int) (Result, error) {
 		pooled.OutputTokPS += r.OutputTokPS
 		pooled.AdapterLoads += r.AdapterLoads
 		pooled.Preemptions += r.Preemptions
+		pooled.PromptTokens += r.PromptTokens
+		pooled.CachedTokens += r.CachedTokens
 		for i := range pooled.Routed {
 			pooled.Routed[i] += r.Routed[i]
 		}
@@ -230,25 +257,40 @@ func runOnce(cfg RunConfig, into *samples) (Result, error) {
 		return Result{}, errors.New("fleet: ScrapeInterval must be positive")
 	case cfg.Policy.New == nil:
 		return Result{}, errors.New("fleet: RunConfig.Policy has no constructor")
-	case cfg.GatewayVMs < 0:
-		return Result{}, errors.New("fleet: GatewayVMs must not be negative")
+	case cfg.GatewayVMs < 0 || cfg.Gateways < 0:
+		return Result{}, errors.New("fleet: Gateways and GatewayVMs must not be negative")
+	case cfg.Gateways > 1 && cfg.Policy.Flow != nil:
+		return Result{}, errors.New("fleet: flow control is modelled for one gateway only")
 	}
 	if err := cfg.Burst.validate(); err != nil {
 		return Result{}, err
 	}
+	if !cfg.capacity {
+		cfg.Warmup = max(cfg.Warmup, sc.MinWarmup)
+	}
 	var now time.Duration
 	clock := func() time.Time { return Epoch.Add(now) }
-	vms := max(cfg.GatewayVMs, 1)
-	policies := make([]Policy, vms)
+	vms, gateways := max(cfg.GatewayVMs, 1), max(cfg.Gateways, 1)
+	policies := make([]Policy, gateways*vms)
+	observers := make([]ResponseObserver, len(policies))
+	shared := make([]*GatewayShared, gateways)
 	for k := range policies {
 		// VM 0 has the run's seed, so one VM is exactly the single-gateway run.
 		var err error
 		if policies[k], err = cfg.Policy.New(cfg.Seed^(uint64(k)*0x9e3779b97f4a7c15), clock); err != nil {
 			return Result{}, fmt.Errorf("fleet: policy %q: %w", cfg.Policy.Name, err)
 		}
+		g := k / vms
+		if shared[g] == nil {
+			shared[g] = &GatewayShared{}
+		}
+		if p, ok := policies[k].(Placed); ok {
+			p.Place(Placement{Gateway: g, VM: k % vms, Gateways: gateways, VMs: vms, Shared: shared[g]})
+		}
+		observers[k], _ = policies[k].(ResponseObserver)
 	}
 	vmRand := rand.New(rand.NewPCG(cfg.Seed, 0x6a7e))
-	gen, err := newArrivals(cfg, sc)
+	gen, err := newRunSource(cfg, sc)
 	if err != nil {
 		return Result{}, fmt.Errorf("fleet: scenario %q: %w", sc.Name, err)
 	}
@@ -266,15 +308,18 @@ func runOnce(cfg RunConfig, into *samples) (Result, error) {
 			Port:    8000,
 		}
 	}
-	inFlight := make([]int, sc.Replicas)
-	views := make([]*View, vms)
+	inFlight := make([][]int, gateways)
+	for g := range inFlight {
+		inFlight[g] = make([]int, sc.Replicas)
+	}
+	views := make([]*View, len(policies))
 	for k := range views {
-		views[k] = &View{Snapshot: snap, InFlight: inFlight}
+		views[k] = &View{Snapshot: snap, InFlight: inFlight[k/vms], Replicas: reps}
 		if k > 0 {
 			views[k].Snapshot = &scheduler.Snapshot{Endpoints: slices.Clone(snap.Endpoints)}
 		}
 	}
-	var activeSum float64
+	var activeSum, runningSum, kvSum float64
 	var activeSamples int
 	scrape := func(at time.Duration) {
 		t := Epoch.Add(at)
@@ -284,6 +329,8 @@ func runOnce(cfg RunConfig, into *samples) (Result, error) {
 			m := r.Metrics()
 			if inWindow {
 				activeSum += float64(len(m.RunningAdapters))
+				runningSum += float64(m.Running)
+				kvSum += m.KVCacheUsage
 				activeSamples++
 			}
 			snap.Endpoints[i].Metrics = scheduler.Metrics{
@@ -309,6 +356,8 @@ func runOnce(cfg RunConfig, into *samples) (Result, error) {
 			c.GenerationTokens += m.GenerationTokens
 			c.AdapterLoads += m.AdapterLoads
 			c.Preemptions += m.Preemptions
+			c.PrefixQueries += m.PrefixQueries
+			c.PrefixHits += m.PrefixHits
 		}
 		return c
 	}
@@ -323,7 +372,6 @@ func runOnce(cfg RunConfig, into *samples) (Result, error) {
 		maxDrain = 10 * arrivalsEnd
 	}
 	deadline := arrivalsEnd + maxDrain
-	const never = time.Duration(math.MaxInt64)
 
 	var store flights
 	ttft, tpot, ntpot, e2e := into.ttft, into.tpot, into.ntpot, into.e2e
@@ -338,14 +386,38 @@ func runOnce(cfg RunConfig, into *samples) (Result, error) {
 	started, ended := false, false
 	outstanding := 0
 	req := scheduler.Request{}
-	next := gen.Next()
+	var next arrival
 	nextScrape := time.Duration(0)
 
+	response := func(f *flight, at time.Duration) Response {
+		r := Response{ID: f.req.ID, Replica: f.replica, At: at, PromptTokens: f.req.PromptTokens,
+			CachedTokens: f.req.CachedTokens, Generated: f.req.Generated}
+		if cfg.HideCachedTokens {
+			r.CachedTokens = -1
+		}
+		return r
+	}
+	firstTokens := func(started []*vllmsim.Request) {
+		for _, r := range started {
+			f := store.get(r.ID)
+			if o := observers[f.policy]; o != nil {
+				ev := response(f, r.FirstTokenAt)
+				ev.CachedTokens = -1 // only the usage block at the end says
+				o.FirstToken(ev)
+			}
+		}
+	}
 	complete := func(done []*vllmsim.Request) {
 		for _, r := range done {
 			f := store.get(r.ID)
-			inFlight[f.replica]--
+			inFlight[f.policy/vms][f.replica]--
 			outstanding--
+			if o := observers[f.policy]; o != nil {
+				o.Finished(response(f, r.CompletedAt))
+			}
+			if f.turn != nil {
+				f.turn.ended(r.CompletedAt, true)
+			}
 			if r.CompletedAt >= winStart && r.CompletedAt < arrivalsEnd {
 				res.ThroughputRPS++
 			}
@@ -353,6 +425,8 @@ func runOnce(cfg RunConfig, into *samples) (Result, error) {
 				continue
 			}
 			res.Completed++
+			res.PromptTokens += int64(r.PromptTokens)
+			res.CachedTokens += int64(r.CachedTokens)
 			// A request that waited in a queue counts its wait: the
 			// replica only saw it arrive when it was sent.
 			first := r.TTFT() + f.waited
@@ -374,15 +448,21 @@ func runOnce(cfg RunConfig, into *samples) (Result, error) {
 			return fmt.Errorf("fleet: policy %q routed to replica %d of %d", cfg.Policy.Name, i, len(reps))
 		}
 		f.replica = i
-		inFlight[i]++
+		inFlight[f.policy/vms][i]++
 		outstanding++
 		res.Routed[i]++
-		return reps[i].Submit(&f.req, at)
+		err := reps[i].Submit(&f.req, at)
+		f.req.Prompt = nil // the source reuses the buffer
+		return err
 	}
 	// refuse counts f as refused (429) or without endpoint (503).
 	refuse := func(f *flight, o ArrivalOutcome) {
 		if cfg.RecordOutcomes {
 			res.Outcomes[f.req.ID] = o
+		}
+		f.req.Prompt = nil
+		if f.turn != nil {
+			f.turn.ended(now, false)
 		}
 		c := ClassOf(f.crit)
 		if o == OutcomeRefused {
@@ -428,14 +508,17 @@ func runOnce(cfg RunConfig, into *samples) (Result, error) {
 			}
 		}
 		arriveAt, scrapeAt, tickAt := never, never, never
-		if next.At < arrivalsEnd {
-			arriveAt, scrapeAt = next.At, nextScrape
+		if a := gen.peek(); a < arrivalsEnd {
+			arriveAt, scrapeAt = a, nextScrape
 		}
-		if flow != nil && (next.At < arrivalsEnd || flow.queued() > 0) {
+		if flow != nil && (arriveAt < arrivalsEnd || flow.queued() > 0) {
 			// Queued requests need fresh metrics and ticks until they leave.
 			scrapeAt, tickAt = nextScrape, flow.nextTick
 		}
 		at := min(stepAt, scrapeAt, tickAt, arriveAt)
+		if cfg.capacity && at >= arrivalsEnd {
+			break // a capacity run does not drain
+		}
 		if at == never {
 			break // no arrivals left, nothing queued and every replica idle: drained
 		}
@@ -452,7 +535,9 @@ func runOnce(cfg RunConfig, into *samples) (Result, error) {
 		now = at
 		switch {
 		case at == stepAt:
-			complete(reps[stepReplica].Advance(at))
+			done := reps[stepReplica].Advance(at)
+			firstTokens(reps[stepReplica].FirstTokens())
+			complete(done)
 		case at == scrapeAt:
 			scrape(at)
 			nextScrape += cfg.ScrapeInterval
@@ -465,8 +550,11 @@ func runOnce(cfg RunConfig, into *samples) (Result, error) {
 				return res, releaseErr
 			}
 		default:
+			gen.take(&next)
 			f, id := store.add()
-			f.req = vllmsim.Request{ID: id, Adapter: next.Adapter, PromptTokens: next.PromptTokens, OutputTokens: next.OutputTokens}
+			f.req = vllmsim.Request{ID: id, Adapter: next.adapter, PromptTokens: next.promptTokens, OutputTokens: next.outputTokens,
+				Prompt: next.prompt, OutputSeed: next.outputSeed}
+			f.turn = next.turn
 			f.measured = at >= winStart
 			f.crit = sc.Criticality.pick(critRand.Float64())
 			res.Arrivals++
@@ -477,12 +565,15 @@ func runOnce(cfg RunConfig, into *samples) (Result, error) {
 				res.Measured++
 				res.Classes[ClassOf(f.crit)].Measured++
 			}
-			req.Model, req.TargetModel = next.Adapter, next.Adapter
+			req.Model, req.TargetModel = next.adapter, next.adapter
 			req.Criticality = f.crit
 			vm := 0
-			if vms > 1 {
-				vm = vmRand.IntN(vms)
+			if len(policies) > 1 {
+				// The gateway, then its VM: one draw over both.
+				vm = vmRand.IntN(len(policies))
 			}
+			f.policy = vm
+			views[vm].Request = &f.req
 			// With flow control, a request that would overtake queued ones
 			// joins them instead of being scheduled (as the plugin does).
 			i, outcome := -1, scheduler.Dropped
@@ -492,16 +583,20 @@ func runOnce(cfg RunConfig, into *samples) (Result, error) {
 			switch outcome {
 			case scheduler.Routed:
 				if err := send(f, i, at); err != nil {
-					return res, fmt.Errorf("fleet: arrival %d: %w", next.Seq, err)
+					return res, fmt.Errorf("fleet: arrival %d: %w", next.seq, err)
 				}
 			case scheduler.Dropped:
+				if flow != nil && f.crit != scheduler.Critical {
+					// A held request keeps its prompt until released.
+					f.req.Prompt = slices.Clone(f.req.Prompt)
+				}
 				if flow == nil || f.crit == scheduler.Critical || !flow.hold(vm, id, f, at) {
 					refuse(f, OutcomeRefused)
 				}
 			default:
 				refuse(f, OutcomeNoEndpoint)
 			}
-			next = gen.Next()
+			views[vm].Request = nil
 		}
 	}
 	if !started {
@@ -514,6 +609,9 @@ func runOnce(cfg RunConfig, into *samples) (Result, error) {
 	if flow != nil {
 		res.Flow = flow.result() // Wait is pooled from the samples by RunSeeds
 	}
+	if cfg.capacity {
+		outstanding, res.Measured = 0, res.Completed+res.Dropped+res.NoEndpoint
+	}
 	if outstanding != 0 || res.Completed+res.Dropped+res.NoEndpoint != res.Measured {
 		// Conservation: every measured arrival is completed, dropped or
 		// refused. A mismatch is a simulator bug, never a result.
@@ -525,8 +623,22 @@ func runOnce(cfg RunConfig, into *samples) (Result, error) {
 	res.OutputTokPS = float64(atEnd.GenerationTokens-atStart.GenerationTokens) / secs
 	res.AdapterLoads = atEnd.AdapterLoads - atStart.AdapterLoads
 	res.Preemptions = atEnd.Preemptions - atStart.Preemptions
+	if q := atEnd.PrefixQueries - atStart.PrefixQueries; q > 0 {
+		res.replicaHitRate = float64(atEnd.PrefixHits-atStart.PrefixHits) / float64(q)
+	}
 	if activeSamples > 0 {
 		res.MeanActiveAdapters = activeSum / float64(activeSamples)
+		res.meanRunning = runningSum / float64(activeSamples)
+		res.meanKVUsage = kvSum / float64(activeSamples)
 	}
 	return res, nil
+}
+
+// HitRate is the prefix hit rate of the measured completed requests: cached
+// over prompt tokens.
+func (r *Result) HitRate() float64 {
+	if r.PromptTokens == 0 {
+		return 0
+	}
+	return float64(r.CachedTokens) / float64(r.PromptTokens)
 }

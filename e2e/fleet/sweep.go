@@ -6,6 +6,8 @@ import (
 	"io"
 	"sync"
 	"time"
+
+	"github.com/wasm-epp/wasm-epp/e2e/vllmsim"
 )
 
 // SweepConfig is a grid of runs: every scenario at every load under every
@@ -19,9 +21,15 @@ type SweepConfig struct {
 	// (RunSeeds; 0 means 1).
 	Seed  uint64
 	Seeds int
-	// Warmup, Window, ScrapeInterval and GatewayVMs as in RunConfig.
+	// Warmup, Window, ScrapeInterval, Gateways and GatewayVMs as in
+	// RunConfig.
 	Warmup, Window, ScrapeInterval time.Duration
-	GatewayVMs                     int
+	Gateways, GatewayVMs           int
+	// LoRAFIFOAt, when positive, also runs every policy at that load on
+	// the scenarios with adapters with the replicas' LoRA admission changed
+	// to pure FIFO (ScenarioResult.FIFO): what vLLM's skip rule costs or
+	// saves.
+	LoRAFIFOAt float64
 	// Parallel runs that many simulations at once (at least 1). Results do
 	// not depend on it.
 	Parallel int
@@ -35,6 +43,8 @@ type ScenarioResult struct {
 	Scenario Scenario
 	Capacity Capacity
 	Runs     []Result
+	// FIFO are the LoRAFIFOAt runs, by policy as configured.
+	FIFO []Result
 }
 
 // Sweep runs the grid. Each run gets the sweep's seed, so at one load every
@@ -50,8 +60,7 @@ func Sweep(cfg SweepConfig) ([]ScenarioResult, error) {
 	}
 	out := make([]ScenarioResult, len(cfg.Scenarios))
 	type job struct {
-		sr     *ScenarioResult
-		slot   int
+		dst    *Result
 		config RunConfig
 	}
 	var jobs []job
@@ -63,13 +72,24 @@ func Sweep(cfg SweepConfig) ([]ScenarioResult, error) {
 		sr := &out[si]
 		sr.Scenario, sr.Capacity = sc, capa
 		sr.Runs = make([]Result, len(cfg.Loads)*len(cfg.Policies))
+		run := func(sc Scenario, p PolicySpec, load float64) RunConfig {
+			return RunConfig{
+				Scenario: sc, Policy: p, Rate: load * capa.FleetRPS, Load: load, Seed: cfg.Seed,
+				Warmup: cfg.Warmup, Window: cfg.Window, ScrapeInterval: cfg.ScrapeInterval,
+				Gateways: cfg.Gateways, GatewayVMs: cfg.GatewayVMs,
+			}
+		}
 		for li, load := range cfg.Loads {
 			for pi, p := range cfg.Policies {
-				jobs = append(jobs, job{sr: sr, slot: li*len(cfg.Policies) + pi, config: RunConfig{
-					Scenario: sc, Policy: p, Rate: load * capa.FleetRPS, Load: load, Seed: cfg.Seed,
-					Warmup: cfg.Warmup, Window: cfg.Window, ScrapeInterval: cfg.ScrapeInterval,
-					GatewayVMs: cfg.GatewayVMs,
-				}})
+				jobs = append(jobs, job{dst: &sr.Runs[li*len(cfg.Policies)+pi], config: run(sc, p, load)})
+			}
+		}
+		if cfg.LoRAFIFOAt > 0 && len(sc.Adapters) > 0 {
+			fifo := sc
+			fifo.Replica.LoRAAdmission = vllmsim.LoRAFIFO
+			sr.FIFO = make([]Result, len(cfg.Policies))
+			for pi, p := range cfg.Policies {
+				jobs = append(jobs, job{dst: &sr.FIFO[pi], config: run(fifo, p, cfg.LoRAFIFOAt)})
 			}
 		}
 	}
@@ -91,10 +111,14 @@ func Sweep(cfg SweepConfig) ([]ScenarioResult, error) {
 				if err != nil && firstErr == nil {
 					firstErr = err
 				}
-				j.sr.Runs[j.slot] = r
+				*j.dst = r
 				if cfg.Progress != nil && err == nil {
-					fmt.Fprintf(cfg.Progress, "%-2s %4.0f%% %-22s %6.1f req/s  p90 TPOT %7.1f ms  p90 NTPOT %8.1f ms  (%.1fs)\n",
-						r.Scenario, 100*r.Load, r.Policy, r.Rate, ms(r.TPOT.P90), ms(r.NTPOT.P90), time.Since(start).Seconds())
+					rule := ""
+					if j.config.Scenario.Replica.LoRAAdmission == vllmsim.LoRAFIFO {
+						rule = " (LoRA FIFO)"
+					}
+					fmt.Fprintf(cfg.Progress, "%-2s %4.0f%% %-22s %6.1f req/s  p90 TTFT %9.1f ms  p90 TPOT %7.1f ms  p90 NTPOT %8.1f ms  hit %5.1f%%  (%.1fs)%s\n",
+						r.Scenario, 100*r.Load, r.Policy, r.Rate, ms(r.TTFT.P90), ms(r.TPOT.P90), ms(r.NTPOT.P90), 100*r.HitRate(), time.Since(start).Seconds(), rule)
 				}
 				mu.Unlock()
 			}

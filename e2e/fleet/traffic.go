@@ -1,0 +1,455 @@
+package fleet
+
+import (
+	"container/heap"
+	"errors"
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"time"
+
+	"github.com/wasm-epp/wasm-epp/e2e/vllmsim"
+)
+
+// Traffic is the shape of a scenario's requests: how prompts are built and
+// share prefixes. A nil Scenario.Traffic is ShareGPT traffic (Scenario.Input,
+// Output and Adapters) whose prompts share nothing; SharedContexts,
+// MultiTurn and SystemPrompts generate token ids with shared prefixes.
+type Traffic interface {
+	// Describe is one line for reports.
+	Describe() string
+	validate() error
+	// newSource is the run's request stream at rate requests per second.
+	newSource(rate float64, seed uint64) (source, error)
+	// share is the traffic one replica of n serves in the best case a
+	// router can reach (MeasureCapacity): each replica holds only its
+	// share of the shared prefixes and at most maxLoRAs adapters.
+	share(n, maxLoRAs int) Traffic
+}
+
+// arrival is one request as a source generates it.
+type arrival struct {
+	seq          int
+	at           time.Duration
+	adapter      string
+	promptTokens int
+	outputTokens int
+	// prompt is the token ids (nil: a prompt shared with nothing); the
+	// source may reuse it after the next take.
+	prompt     []uint32
+	outputSeed uint64
+	// turn is set for a conversation turn: the run tells it when the
+	// request ends, so that the next turn follows.
+	turn *turn
+	// opens is true for the first request of a conversation and for every
+	// open-loop request: what a burst may add.
+	opens bool
+}
+
+// source is a run's request stream in time order.
+type source interface {
+	// peek is the time of the next arrival, never if there is none now
+	// (a conversation's next turn appears when its previous one ends).
+	peek() time.Duration
+	// take fills a with the next arrival.
+	take(a *arrival)
+}
+
+const never = time.Duration(math.MaxInt64)
+
+// newRunSource is the run's stream: the scenario's traffic at cfg.Rate,
+// plus the burst stream when cfg.Burst is on.
+func newRunSource(cfg RunConfig, sc Scenario) (source, error) {
+	t := sc.traffic()
+	base, err := t.newSource(cfg.Rate, cfg.Seed)
+	if err != nil || !cfg.Burst.On() {
+		return base, err
+	}
+	extra, err := t.newSource(cfg.Rate*(cfg.Burst.Factor-1), cfg.Seed^0xb0b5)
+	if err != nil {
+		return nil, err
+	}
+	return &burstSource{base: base, extra: extra, burst: cfg.Burst}, nil
+}
+
+// burstSource adds a second stream of the same traffic (its own seed)
+// inside the bursts: exactly a stream of (Factor-1) × rate over them. Of the
+// second stream only requests that open a conversation are kept or dropped
+// by time; a kept conversation runs to its end.
+type burstSource struct {
+	base, extra source
+	burst       Burst
+	seq         int
+	pending     arrival // the extra stream's next kept arrival
+	hasPending  bool
+}
+
+func (b *burstSource) nextExtra() time.Duration {
+	for !b.hasPending {
+		if b.extra.peek() == never {
+			return never
+		}
+		b.extra.take(&b.pending)
+		b.hasPending = !b.pending.opens || b.burst.inside(b.pending.at)
+	}
+	return b.pending.at
+}
+
+func (b *burstSource) peek() time.Duration { return min(b.base.peek(), b.nextExtra()) }
+
+func (b *burstSource) take(a *arrival) {
+	if e := b.nextExtra(); e < b.base.peek() {
+		*a, b.hasPending = b.pending, false
+	} else {
+		b.base.take(a)
+	}
+	a.seq = b.seq
+	b.seq++
+}
+
+// shareGPT is the traffic of scenarios (a) to (c): Poisson arrivals with
+// ShareGPT lengths and an adapter mix (vllmsim.Workload); every prompt
+// shares nothing with another (Request.Prompt nil).
+type shareGPT struct {
+	input, output vllmsim.LengthDist
+	adapters      []vllmsim.AdapterShare
+}
+
+func (s shareGPT) Describe() string {
+	return fmt.Sprintf("ShareGPT lengths, %d adapters, no shared prefixes", len(s.adapters))
+}
+
+func (s shareGPT) validate() error { return nil }
+
+func (s shareGPT) share(_, maxLoRAs int) Traffic {
+	if n := min(maxLoRAs, len(s.adapters)); n > 0 {
+		names := make([]string, n)
+		for i := range names {
+			names[i] = s.adapters[i].Name
+		}
+		s.adapters = vllmsim.EqualShares(names...)
+	}
+	return s
+}
+
+func (s shareGPT) newSource(rate float64, seed uint64) (source, error) {
+	w, err := vllmsim.NewWorkload(vllmsim.WorkloadConfig{Rate: rate, Input: s.input, Output: s.output, Adapters: s.adapters, Seed: seed})
+	if err != nil {
+		return nil, err
+	}
+	return &workloadSource{w: w, next: w.Next()}, nil
+}
+
+type workloadSource struct {
+	w    *vllmsim.Workload
+	next vllmsim.Arrival
+}
+
+func (s *workloadSource) peek() time.Duration { return s.next.At }
+
+func (s *workloadSource) take(a *arrival) {
+	n := s.next
+	*a = arrival{seq: n.Seq, at: n.At, adapter: n.Adapter, promptTokens: n.PromptTokens, outputTokens: n.OutputTokens, opens: true}
+	s.next = s.w.Next()
+}
+
+// Token ids of generated text: random ids below 2^24 (a vocabulary), and
+// the chat template's markers above it.
+const (
+	tokTurnStart uint32 = 0xffff_0001 + iota
+	tokTurnEnd
+	tokRoleUser
+	tokRoleAssistant
+)
+
+func appendRandomTokens(dst []uint32, rng *rand.Rand, n int) []uint32 {
+	for range n {
+		dst = append(dst, uint32(rng.Uint64()>>40))
+	}
+	return dst
+}
+
+// fixedTokens is a prompt part that is the same in every run: n ids drawn
+// from key.
+func fixedTokens(key uint64, n int) []uint32 {
+	return appendRandomTokens(make([]uint32, 0, n), rand.New(rand.NewPCG(key, 0x70c5)), n)
+}
+
+// poisson draws the gaps of a Poisson stream.
+type poisson struct {
+	rng  *rand.Rand
+	rate float64
+	at   time.Duration
+}
+
+func (p *poisson) next() time.Duration {
+	p.at += time.Duration(p.rng.ExpFloat64() / p.rate * float64(time.Second))
+	return p.at
+}
+
+func validRate(rate float64) error {
+	if !(rate > 0) || math.IsInf(rate, 0) {
+		return fmt.Errorf("fleet: rate %v must be positive and finite", rate)
+	}
+	return nil
+}
+
+// SharedContexts is traffic (d), the shape of llm-d's prefix benchmark:
+// Groups groups, each with its own context of ContextTokens tokens; a
+// request is a uniformly chosen group's context followed by a new question
+// (no two questions alike). The contexts are the same in every run.
+type SharedContexts struct {
+	Groups        int
+	ContextTokens int
+	Question      vllmsim.LengthDist
+	Output        vllmsim.LengthDist
+}
+
+// Describe is one line for reports.
+func (s SharedContexts) Describe() string {
+	return fmt.Sprintf("%d groups × %d-token shared context + a new ~%.0f-token question, ~%.0f output tokens",
+		s.Groups, s.ContextTokens, s.Question.Mean(), s.Output.Mean())
+}
+
+func (s SharedContexts) validate() error {
+	if s.Groups < 1 || s.ContextTokens < 1 {
+		return errors.New("fleet: shared contexts need groups and context tokens")
+	}
+	if err := s.Question.Validate(); err != nil {
+		return fmt.Errorf("question lengths: %w", err)
+	}
+	return s.Output.Validate()
+}
+
+func (s SharedContexts) share(n, _ int) Traffic {
+	s.Groups = (s.Groups + n - 1) / n
+	return s
+}
+
+func (s SharedContexts) newSource(rate float64, seed uint64) (source, error) {
+	if err := validRate(rate); err != nil {
+		return nil, err
+	}
+	src := &contextSource{cfg: s, contexts: make([][]uint32, s.Groups),
+		gaps:  poisson{rng: rand.New(rand.NewPCG(seed, 0x9a95)), rate: rate},
+		draws: rand.New(rand.NewPCG(seed, 0xd0c5))}
+	src.nextAt = src.gaps.next()
+	return src, nil
+}
+
+type contextSource struct {
+	cfg      SharedContexts
+	contexts [][]uint32
+	gaps     poisson
+	draws    *rand.Rand
+	nextAt   time.Duration
+	seq      int
+	buf      []uint32
+}
+
+func (s *contextSource) peek() time.Duration { return s.nextAt }
+
+func (s *contextSource) take(a *arrival) {
+	g := s.draws.IntN(s.cfg.Groups)
+	if s.contexts[g] == nil {
+		s.contexts[g] = fixedTokens(uint64(g)+1, s.cfg.ContextTokens)
+	}
+	q := max(1, s.cfg.Question.Sample(s.draws))
+	s.buf = appendRandomTokens(append(s.buf[:0], s.contexts[g]...), s.draws, q)
+	*a = arrival{seq: s.seq, at: s.nextAt, promptTokens: len(s.buf), prompt: s.buf,
+		outputTokens: max(1, s.cfg.Output.Sample(s.draws)), outputSeed: s.draws.Uint64(), opens: true}
+	s.seq++
+	s.nextAt = s.gaps.next()
+}
+
+// SystemPrompts is traffic (f): requests for Adapters drawn by weight, each
+// adapter's prompts starting with its own system prompt of SystemTokens
+// tokens, then a ShareGPT-length user part no other request shares.
+type SystemPrompts struct {
+	Adapters      []vllmsim.AdapterShare
+	SystemTokens  int
+	Input, Output vllmsim.LengthDist
+}
+
+// Describe is one line for reports.
+func (s SystemPrompts) Describe() string {
+	return fmt.Sprintf("%d adapters, each with its own %d-token system prompt, + ShareGPT-length user text", len(s.Adapters), s.SystemTokens)
+}
+
+func (s SystemPrompts) validate() error {
+	if len(s.Adapters) == 0 || s.SystemTokens < 1 {
+		return errors.New("fleet: system prompts need adapters and system tokens")
+	}
+	return nil
+}
+
+func (s SystemPrompts) share(_, maxLoRAs int) Traffic {
+	s.Adapters = shareGPT{adapters: s.Adapters}.share(0, maxLoRAs).(shareGPT).adapters
+	return s
+}
+
+func (s SystemPrompts) newSource(rate float64, seed uint64) (source, error) {
+	w, err := vllmsim.NewWorkload(vllmsim.WorkloadConfig{Rate: rate, Input: s.Input, Output: s.Output, Adapters: s.Adapters, Seed: seed})
+	if err != nil {
+		return nil, err
+	}
+	src := &systemSource{w: w, next: w.Next(), system: map[string][]uint32{}, tokens: s.SystemTokens,
+		draws: rand.New(rand.NewPCG(seed, 0x5959))}
+	for i, a := range s.Adapters {
+		src.system[a.Name] = fixedTokens(0x5e00+uint64(i), s.SystemTokens)
+	}
+	return src, nil
+}
+
+type systemSource struct {
+	w      *vllmsim.Workload
+	next   vllmsim.Arrival
+	system map[string][]uint32
+	tokens int
+	draws  *rand.Rand
+	buf    []uint32
+}
+
+func (s *systemSource) peek() time.Duration { return s.next.At }
+
+func (s *systemSource) take(a *arrival) {
+	n := s.next
+	s.buf = appendRandomTokens(append(s.buf[:0], s.system[n.Adapter]...), s.draws, n.PromptTokens)
+	*a = arrival{seq: n.Seq, at: n.At, adapter: n.Adapter, promptTokens: len(s.buf), prompt: s.buf,
+		outputTokens: n.OutputTokens, outputSeed: s.draws.Uint64(), opens: true}
+	s.next = s.w.Next()
+}
+
+// MultiTurn is traffic (e): conversations start as a Poisson stream; each
+// has MinTurns to MaxTurns turns (uniform); a turn sends the whole history
+// rendered with a fixed chat template (the earlier user messages and the
+// responses the replica generated, token for token) plus a new user message
+// of User length, and asks for Output tokens; the next turn is sent an
+// exponential think time (mean Think) after the response ends. A refused
+// turn ends its conversation. The rate of a run counts turns: conversations
+// start at rate / mean turns.
+type MultiTurn struct {
+	MinTurns, MaxTurns int
+	User, Output       vllmsim.LengthDist
+	Think              time.Duration
+}
+
+// Describe is one line for reports.
+func (m MultiTurn) Describe() string {
+	return fmt.Sprintf("conversations of %d–%d turns, each resending its history + a ShareGPT-length message, think time %v (exponential)",
+		m.MinTurns, m.MaxTurns, m.Think)
+}
+
+func (m MultiTurn) validate() error {
+	if m.MinTurns < 1 || m.MaxTurns < m.MinTurns || m.Think < 0 {
+		return errors.New("fleet: multi-turn needs 1 <= MinTurns <= MaxTurns and a non-negative think time")
+	}
+	if err := m.User.Validate(); err != nil {
+		return err
+	}
+	return m.Output.Validate()
+}
+
+func (m MultiTurn) share(int, int) Traffic { return m }
+
+func (m MultiTurn) meanTurns() float64 { return float64(m.MinTurns+m.MaxTurns) / 2 }
+
+func (m MultiTurn) newSource(rate float64, seed uint64) (source, error) {
+	if err := validRate(rate); err != nil {
+		return nil, err
+	}
+	s := &chatSource{cfg: m, starts: poisson{rng: rand.New(rand.NewPCG(seed, 0x5e55)), rate: rate / m.meanTurns()},
+		draws: rand.New(rand.NewPCG(seed, 0x7a1c))}
+	s.nextStart = s.starts.next()
+	return s, nil
+}
+
+// turn is one request of a conversation.
+type turn struct {
+	conv   *conversation
+	output int
+	seed   uint64
+}
+
+type conversation struct {
+	src     *chatSource
+	history []uint32
+	left    int // turns still to send after this one
+}
+
+type chatSource struct {
+	cfg       MultiTurn
+	starts    poisson
+	nextStart time.Duration
+	draws     *rand.Rand
+	followUps turnHeap
+	seq       int
+}
+
+// followUp is a conversation's next turn, due at at.
+type followUp struct {
+	at   time.Duration
+	conv *conversation
+	prev *turn
+}
+
+type turnHeap []followUp
+
+func (h turnHeap) Len() int           { return len(h) }
+func (h turnHeap) Less(i, j int) bool { return h[i].at < h[j].at }
+func (h turnHeap) Swap(i, j int)      { h[i], h[j] = h[j], h[i] }
+func (h *turnHeap) Push(x any)        { *h = append(*h, x.(followUp)) }
+func (h *turnHeap) Pop() any {
+	old := *h
+	x := old[len(old)-1]
+	*h = old[:len(old)-1]
+	return x
+}
+
+func (s *chatSource) peek() time.Duration {
+	if len(s.followUps) > 0 && s.followUps[0].at < s.nextStart {
+		return s.followUps[0].at
+	}
+	return s.nextStart
+}
+
+func (s *chatSource) take(a *arrival) {
+	var c *conversation
+	var at time.Duration
+	opens := false
+	if len(s.followUps) > 0 && s.followUps[0].at < s.nextStart {
+		f := heap.Pop(&s.followUps).(followUp)
+		c, at = f.conv, f.at
+		// The previous response, token for token as the replica generated
+		// it, closes the assistant message the last turn opened.
+		for i := range f.prev.output {
+			c.history = append(c.history, vllmsim.OutputToken(f.prev.seed, i))
+		}
+		c.history = append(c.history, tokTurnEnd)
+	} else {
+		c = &conversation{src: s, left: s.cfg.MinTurns + s.draws.IntN(s.cfg.MaxTurns-s.cfg.MinTurns+1)}
+		at, opens = s.nextStart, true
+		s.nextStart = s.starts.next()
+	}
+	c.left--
+	c.history = append(c.history, tokTurnStart, tokRoleUser)
+	c.history = appendRandomTokens(c.history, s.draws, max(1, s.cfg.User.Sample(s.draws)))
+	c.history = append(c.history, tokTurnEnd, tokTurnStart, tokRoleAssistant)
+	t := &turn{conv: c, output: max(1, s.cfg.Output.Sample(s.draws)), seed: s.draws.Uint64()}
+	*a = arrival{seq: s.seq, at: at, promptTokens: len(c.history), prompt: c.history, outputTokens: t.output,
+		outputSeed: t.seed, turn: t, opens: opens}
+	s.seq++
+}
+
+// ended is told that the turn's request ended at at: completed, or refused
+// (which ends the conversation).
+func (t *turn) ended(at time.Duration, completed bool) {
+	c := t.conv
+	if !completed || c.left == 0 {
+		c.history = nil
+		return
+	}
+	s := c.src
+	think := time.Duration(s.draws.ExpFloat64() * float64(s.cfg.Think))
+	heap.Push(&s.followUps, followUp{at: at + think, conv: c, prev: t})
+}
