@@ -166,8 +166,13 @@ func TestSweepWritesReport(t *testing.T) {
 	assert.Contains(t, string(md), "fleetbench -test")
 	assert.Contains(t, string(md), "| (small) | p90 TPOT |")
 	for _, m := range plotMetrics {
-		assert.Contains(t, string(md), plotFile("small", m.key))
 		_, err := os.Stat(filepath.Join(dir, plotFile("small", m.key)))
+		if !m.shown(sc) {
+			assert.NotContains(t, string(md), plotFile("small", m.key), "no prefix plots without shared prefixes")
+			assert.Error(t, err)
+			continue
+		}
+		assert.Contains(t, string(md), plotFile("small", m.key))
 		assert.NoError(t, err)
 	}
 	f, err := os.Open(filepath.Join(dir, "results.csv"))

@@ -21,6 +21,7 @@ import (
 	"time"
 
 	"github.com/wasm-epp/wasm-epp/e2e/fleet"
+	"github.com/wasm-epp/wasm-epp/e2e/vllmsim"
 	"github.com/wasm-epp/wasm-epp/scheduler"
 )
 
@@ -34,7 +35,7 @@ func main() {
 func run(args []string) error {
 	fs := flag.NewFlagSet("fleetbench", flag.ContinueOnError)
 	var (
-		scenarios   = fs.String("scenarios", "a,b", "comma-separated scenarios: a (seed: 8 replicas, max-lora 4, 10 equal adapters), b (regression: 10 replicas, max-lora 3, 15 skewed adapters), c (base model only: 8 replicas, no adapters)")
+		scenarios   = fs.String("scenarios", "a,b,d,e,f", "comma-separated scenarios: a (seed: 8 replicas, max-lora 4, 10 equal adapters), b (regression: 10 replicas, max-lora 3, 15 skewed adapters), c (base model only: 8 replicas, no adapters), d (150 shared 6,000-token contexts), e (multi-turn chat), f (a's adapters with their own 1,000-token system prompts)")
 		policies    = fs.String("policies", defaultPolicies(), "comma-separated policies: scheduler profiles, "+fleet.EnvoyLeastRequest+", or name=path/to/scheduler-config.json")
 		loads       = fs.String("loads", "20,40,60,70,80,90,100,110,120,130", "offered loads in % of each scenario's measured fleet saturation")
 		qps         = fs.Float64("qps", 0, "if set, one run per scenario and policy at this absolute rate (req/s), printed only; -loads is ignored")
@@ -48,7 +49,10 @@ func run(args []string) error {
 		parallel    = fs.Int("parallel", runtime.GOMAXPROCS(0), "simulations run at once (results do not depend on it)")
 		out         = fs.String("out", "e2e/results", "directory for RESULTS.md, results.csv and the SVG plots")
 		quiet       = fs.Bool("quiet", false, "no progress lines")
-		gatewayVMs  = fs.Int("gateway-vms", 1, "routing VMs (Envoy workers) sharing the traffic, each with its own scheduler and snapshot copy")
+		gatewayVMs  = fs.Int("gateway-vms", 1, "routing VMs (Envoy workers) per gateway, each with its own scheduler and snapshot copy")
+		gateways    = fs.Int("gateways", 1, "Envoy replicas sharing the traffic, each with -gateway-vms VMs and its own in-flight counts")
+		loraRule    = fs.String("lora-admission", "skip", "LoRA admission of every replica: skip (vLLM V1) or fifo (strict arrival order)")
+		fifoAt      = fs.Float64("compare-lora-fifo", 100, "also run every policy at this load (%) with FIFO LoRA admission on the scenarios with adapters (0: off)")
 		countRouted optionalBool
 	)
 	fs.Var(&countRouted, "count-routed", fmt.Sprintf("countRoutedSinceSnapshot for scheduler policies whose configuration leaves it out (default: the scheduler's, %t)", scheduler.DefaultCountRoutedSinceSnapshot))
@@ -58,8 +62,18 @@ func run(args []string) error {
 	if fs.NArg() > 0 {
 		return fmt.Errorf("unexpected arguments %q", fs.Args())
 	}
-	if *gatewayVMs < 1 {
-		return fmt.Errorf("-gateway-vms: %d, want at least 1", *gatewayVMs)
+	if *gatewayVMs < 1 || *gateways < 1 {
+		return fmt.Errorf("-gateways %d, -gateway-vms %d: want at least 1", *gateways, *gatewayVMs)
+	}
+	admission, err := vllmsim.ParseLoRAAdmission(*loraRule)
+	if err != nil {
+		return fmt.Errorf("-lora-admission: %w", err)
+	}
+	if *fifoAt < 0 {
+		return fmt.Errorf("-compare-lora-fifo: %v, want a load in %% or 0", *fifoAt)
+	}
+	if admission == vllmsim.LoRAFIFO {
+		*fifoAt = 0 // nothing to compare with
 	}
 	var scs []fleet.Scenario
 	for _, name := range splitList(*scenarios) {
@@ -72,6 +86,7 @@ func run(args []string) error {
 				return err
 			}
 		}
+		sc.Replica.LoRAAdmission = admission
 		scs = append(scs, sc)
 	}
 	var pols []fleet.PolicySpec
@@ -86,7 +101,7 @@ func run(args []string) error {
 		return errors.New("need at least one scenario and one policy")
 	}
 	if *qps > 0 {
-		return single(scs, pols, *qps, *seed, *warmup, *window, *scrape, *gatewayVMs)
+		return single(scs, pols, *qps, *seed, *warmup, *window, *scrape, *gateways, *gatewayVMs)
 	}
 	var loadList []float64
 	for _, s := range splitList(*loads) {
@@ -98,7 +113,8 @@ func run(args []string) error {
 	}
 	cfg := fleet.SweepConfig{
 		Scenarios: scs, Loads: loadList, Policies: pols, Seed: *seed, Seeds: *seeds,
-		Warmup: *warmup, Window: *window, ScrapeInterval: *scrape, GatewayVMs: *gatewayVMs, Parallel: *parallel,
+		Warmup: *warmup, Window: *window, ScrapeInterval: *scrape, Gateways: *gateways, GatewayVMs: *gatewayVMs, Parallel: *parallel,
+		LoRAFIFOAt: *fifoAt / 100,
 	}
 	if !*quiet {
 		cfg.Progress = os.Stderr
@@ -125,18 +141,19 @@ func run(args []string) error {
 
 // single runs each scenario and policy once at an absolute rate: the speed
 // check of issue 8 and quick experiments.
-func single(scs []fleet.Scenario, pols []fleet.PolicySpec, qps float64, seed uint64, warmup, window, scrape time.Duration, gatewayVMs int) error {
+func single(scs []fleet.Scenario, pols []fleet.PolicySpec, qps float64, seed uint64, warmup, window, scrape time.Duration, gateways, gatewayVMs int) error {
 	for _, sc := range scs {
 		for _, p := range pols {
 			start := time.Now()
-			r, err := fleet.Run(fleet.RunConfig{Scenario: sc, Policy: p, Rate: qps, Seed: seed, Warmup: warmup, Window: window, ScrapeInterval: scrape, GatewayVMs: gatewayVMs})
+			r, err := fleet.Run(fleet.RunConfig{Scenario: sc, Policy: p, Rate: qps, Seed: seed, Warmup: warmup, Window: window, ScrapeInterval: scrape,
+				Gateways: gateways, GatewayVMs: gatewayVMs})
 			if err != nil {
 				return err
 			}
-			fmt.Printf("%s %-20s %.0f req/s for %v: %d requests, %.1f req/s, %.0f tok/s; p90 TTFT %v TPOT %v NTPOT %v e2e %v; %d dropped; %d adapter loads; simulated to %v in %.2fs\n",
+			fmt.Printf("%s %-20s %.0f req/s for %v: %d requests, %.1f req/s, %.0f tok/s; p90 TTFT %v TPOT %v NTPOT %v e2e %v; %d dropped; %d adapter loads; %d preemptions; prefix hit rate %.1f%%; simulated to %v in %.2fs\n",
 				sc.Name, p.Name, qps, window, r.Arrivals, r.ThroughputRPS, r.OutputTokPS,
 				r.TTFT.P90.Round(time.Millisecond), r.TPOT.P90.Round(100*time.Microsecond), r.NTPOT.P90.Round(100*time.Microsecond), r.E2E.P90.Round(time.Millisecond),
-				r.Dropped, r.AdapterLoads, r.End.Round(time.Second), time.Since(start).Seconds())
+				r.Dropped, r.AdapterLoads, r.Preemptions, 100*r.HitRate(), r.End.Round(time.Second), time.Since(start).Seconds())
 		}
 	}
 	return nil
