@@ -20,6 +20,7 @@ type Agent struct {
 	scraper  *Scraper
 	envoys   EnvoyTargets
 	pusher   *Pusher
+	config   *ConfigPublisher
 	now      func() time.Time
 	log      *slog.Logger
 	metrics  *Metrics
@@ -64,10 +65,13 @@ type Options struct {
 	Scraper    *Scraper
 	Envoys     EnvoyTargets
 	Pusher     *Pusher
-	Now        func() time.Time
-	Log        *slog.Logger
-	Metrics    *Metrics
-	Limits     wire.Limits
+	// Config, when set, publishes the configuration record each cycle to
+	// the same Envoy targets.
+	Config  *ConfigPublisher
+	Now     func() time.Time
+	Log     *slog.Logger
+	Metrics *Metrics
+	Limits  wire.Limits
 }
 
 // NewAgent builds an agent.
@@ -77,7 +81,7 @@ func NewAgent(o Options) *Agent {
 	}
 	return &Agent{
 		id: o.AgentID, interval: o.Interval, disc: o.Discoverer, scraper: o.Scraper,
-		envoys: o.Envoys, pusher: o.Pusher, now: o.Now, log: o.Log, metrics: o.Metrics, limits: o.Limits,
+		envoys: o.Envoys, pusher: o.Pusher, config: o.Config, now: o.Now, log: o.Log, metrics: o.Metrics, limits: o.Limits,
 		// The sequence starts at the current Unix time in nanoseconds and
 		// then grows by one per push. A restarted agent therefore starts
 		// above anything its previous run sent (that run would have needed
@@ -221,6 +225,9 @@ func (a *Agent) Cycle(ctx context.Context) []byte {
 	}
 	envoys := a.envoys.Targets(ctx)
 	a.pusher.Publish(envoys, payload)
+	if a.config != nil {
+		a.config.Publish(envoys, a.now())
+	}
 
 	a.metrics.EndpointsReported.Set(float64(len(eps)))
 	a.metrics.EndpointsUnhealthy.Set(float64(unhealthy))

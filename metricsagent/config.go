@@ -9,6 +9,8 @@ import (
 	"strings"
 	"time"
 
+	"k8s.io/apimachinery/pkg/util/validation"
+
 	"github.com/wasm-epp/wasm-epp/scheduler/wire"
 )
 
@@ -32,6 +34,15 @@ type Config struct {
 	Kubeconfig  string
 	MetricsPort string
 	MetricsPath string
+
+	// The model table: InferencePool names the pool (namespace/name) whose
+	// objects are read, from the API server or, for tests and local runs,
+	// from TestObjectsFile.
+	InferencePool   string
+	TestObjectsFile string
+	WriteStatus     bool
+	ConfigPushPath  string
+	ConfigResend    time.Duration
 
 	// Scraping.
 	Interval      time.Duration
@@ -73,6 +84,11 @@ func newFlagSet(cfg *Config, kvNames *string, logLevel *string) *flag.FlagSet {
 	fs.StringVar(&cfg.Kubeconfig, "kubeconfig", "", "kubeconfig file; empty: in-cluster service account")
 	fs.StringVar(&cfg.MetricsPort, "metrics-port", "8000", "pod port serving metrics: a number, or the name of a container port")
 	fs.StringVar(&cfg.MetricsPath, "metrics-path", "/metrics", "HTTP path of the pods' metrics")
+	fs.StringVar(&cfg.InferencePool, "inference-pool", "", "namespace/name of an InferencePool (inference.networking.k8s.io/v1): discover its pods (one endpoint per target port, scraped on that port) and push the model table built from its InferenceObjectives and InferenceModelRewrites (llm-d.ai/v1alpha2)")
+	fs.StringVar(&cfg.TestObjectsFile, "test-objects-file", "", "for tests and local runs: read the pool's objects from this multi-document YAML file (re-read when it changes) instead of the API server; needs --targets")
+	fs.BoolVar(&cfg.WriteStatus, "write-status", true, "write an Accepted condition on each InferenceObjective and InferenceModelRewrite of the pool (RBAC: update on their /status)")
+	fs.StringVar(&cfg.ConfigPushPath, "config-push-path", wire.ConfigPath, "HTTP path of the receiver for the model table")
+	fs.DurationVar(&cfg.ConfigResend, "config-resend", time.Second, "push the model table again at least this often (an Envoy that restarted gets it back within this time)")
 	fs.DurationVar(&cfg.Interval, "interval", 50*time.Millisecond, "time between two scrape-and-push cycles")
 	fs.DurationVar(&cfg.ScrapeTimeout, "scrape-timeout", 40*time.Millisecond, "timeout of one scrape; must be shorter than --interval")
 	fs.Int64Var(&cfg.MaxBodyBytes, "max-body-bytes", 4<<20, "largest metrics body read; a longer one fails the scrape")
@@ -171,11 +187,30 @@ func (c *Config) validate() error {
 		if c.NodeName == "" {
 			bad("without --targets, pods are discovered on Kubernetes and --node-name (or NODE_NAME) is required")
 		}
-		if c.PodSelector == "" {
-			bad("without --targets, --pod-selector is required")
+		if c.PodSelector == "" && c.InferencePool == "" {
+			bad("without --targets, --pod-selector or --inference-pool is required")
 		}
 	} else if c.PodSelector != "" {
 		bad("--targets and --pod-selector exclude each other")
+	}
+	if c.PodSelector != "" && c.InferencePool != "" {
+		bad("--pod-selector and --inference-pool exclude each other (the pool's selector picks the pods)")
+	}
+	if c.InferencePool != "" {
+		if ns, _, err := ParsePoolName(c.InferencePool); err != nil {
+			bad("--inference-pool: %v", err)
+		} else if c.Namespace != "" && c.Namespace != ns {
+			bad("--namespace %q differs from the InferencePool's namespace %q (a pool selects pods of its own namespace)", c.Namespace, ns)
+		}
+	}
+	if c.TestObjectsFile != "" && (c.InferencePool == "" || c.Targets == "") {
+		bad("--test-objects-file needs --inference-pool (the pool to read) and --targets (no pods can be discovered without a cluster)")
+	}
+	if c.ConfigResend <= 0 {
+		bad("--config-resend must be positive")
+	}
+	if !strings.HasPrefix(c.ConfigPushPath, "/") || c.ConfigPushPath == c.PushPath {
+		bad("--config-push-path must start with / and differ from --push-path")
 	}
 	if (c.EnvoyTargets == "") == (c.EnvoyDNS == "") {
 		bad("set exactly one of --envoy-targets and --envoy-dns")
@@ -196,4 +231,20 @@ func (c *Config) validate() error {
 		bad("--log-format %q: want json or text", c.LogFormat)
 	}
 	return errors.Join(errs...)
+}
+
+// ParsePoolName splits "namespace/name" and checks both are Kubernetes
+// names.
+func ParsePoolName(s string) (namespace, name string, err error) {
+	namespace, name, ok := strings.Cut(s, "/")
+	if !ok || namespace == "" || name == "" || strings.Contains(name, "/") {
+		return "", "", fmt.Errorf("%q: want namespace/name", s)
+	}
+	if errs := validation.IsDNS1123Label(namespace); len(errs) > 0 {
+		return "", "", fmt.Errorf("namespace %q: %s", namespace, strings.Join(errs, "; "))
+	}
+	if errs := validation.IsDNS1123Subdomain(name); len(errs) > 0 {
+		return "", "", fmt.Errorf("name %q: %s", name, strings.Join(errs, "; "))
+	}
+	return namespace, name, nil
 }

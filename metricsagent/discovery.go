@@ -139,6 +139,16 @@ type KubeConfig struct {
 	Port string
 	// Path is the metrics path, e.g. /metrics.
 	Path string
+	// Pool, when set, replaces Selector and Port: the pods are those its
+	// InferencePool's selector matches (in Namespace, the pool's), and each
+	// of its target ports is an endpoint of its own, scraped on that port.
+	Pool PoolSource
+}
+
+// PoolSource supplies the InferencePool discovery follows (ConfigSync);
+// nil while there is no valid pool.
+type PoolSource interface {
+	Pool() *InferencePool
 }
 
 // KubeDiscovery watches the pods of this node through a client-go informer
@@ -157,20 +167,27 @@ func NewKubeDiscovery(client corev1client.PodsGetter, cfg KubeConfig, log *slog.
 	if cfg.NodeName == "" {
 		return nil, fmt.Errorf("node name is required to discover pods (set --node-name or NODE_NAME from the downward API)")
 	}
-	if strings.TrimSpace(cfg.Selector) == "" {
-		return nil, fmt.Errorf("a pod label selector is required (--pod-selector), or every pod of the node would be scraped")
-	}
-	sel, err := labels.Parse(cfg.Selector)
-	if err != nil {
-		return nil, fmt.Errorf("pod selector %q: %w", cfg.Selector, err)
+	sel := labels.Everything() // with a pool, its selector is applied to the node's pods
+	var err error
+	if cfg.Pool == nil {
+		if strings.TrimSpace(cfg.Selector) == "" {
+			return nil, fmt.Errorf("a pod label selector is required (--pod-selector), or every pod of the node would be scraped")
+		}
+		if sel, err = labels.Parse(cfg.Selector); err != nil {
+			return nil, fmt.Errorf("pod selector %q: %w", cfg.Selector, err)
+		}
+	} else if cfg.Namespace == "" {
+		return nil, fmt.Errorf("an InferencePool selects pods of its own namespace: the namespace is required")
 	}
 	k := &KubeDiscovery{cfg: cfg, selector: sel, log: log}
-	if cfg.Port == "" {
-		return nil, fmt.Errorf("metrics port is required")
-	}
-	if cfg.Port[0] >= '0' && cfg.Port[0] <= '9' {
-		if k.port, err = parsePort(cfg.Port); err != nil {
-			return nil, fmt.Errorf("metrics port: %w", err)
+	if cfg.Pool == nil {
+		if cfg.Port == "" {
+			return nil, fmt.Errorf("metrics port is required")
+		}
+		if cfg.Port[0] >= '0' && cfg.Port[0] <= '9' {
+			if k.port, err = parsePort(cfg.Port); err != nil {
+				return nil, fmt.Errorf("metrics port: %w", err)
+			}
 		}
 	}
 	fieldSel := fields.OneTermEqualSelector("spec.nodeName", cfg.NodeName).String()
@@ -211,10 +228,13 @@ func (k *KubeDiscovery) Start(ctx context.Context, syncTimeout time.Duration) er
 // IP and the metrics port. The informer's selectors already narrow the
 // list; they are checked again so a misbehaving source cannot widen it.
 func (k *KubeDiscovery) Targets() []Target {
+	if k.cfg.Pool != nil {
+		return k.poolTargets()
+	}
 	var out []Target
 	for _, obj := range k.informer.GetStore().List() {
 		pod, ok := obj.(*corev1.Pod)
-		if !ok || !k.eligible(pod) {
+		if !ok || !k.eligible(pod, k.selector) {
 			continue
 		}
 		addr, err := netip.ParseAddr(pod.Status.PodIP)
@@ -234,11 +254,75 @@ func (k *KubeDiscovery) Targets() []Target {
 	return out
 }
 
-func (k *KubeDiscovery) eligible(pod *corev1.Pod) bool {
+// poolTargets lists, for every ready pod of this node that the pool's
+// selector matches, one target per target port the pod serves, named
+// <pod>-rank-<index of the port> (as llm-d's router names data-parallel
+// ranks). A pod's llm-d.ai/active-ports annotation (formerly
+// inference.networking.k8s.io/active-ports), when present, names the
+// ports it serves.
+func (k *KubeDiscovery) poolTargets() []Target {
+	pool := k.cfg.Pool.Pool()
+	if pool == nil {
+		return nil
+	}
+	sel := labels.SelectorFromSet(pool.Spec.Selector.MatchLabels)
+	ports := pool.Ports()
+	var out []Target
+	for _, obj := range k.informer.GetStore().List() {
+		pod, ok := obj.(*corev1.Pod)
+		if !ok || pod.Namespace != pool.Namespace || !k.eligible(pod, sel) {
+			continue
+		}
+		addr, err := netip.ParseAddr(pod.Status.PodIP)
+		if err != nil {
+			continue
+		}
+		active := activePorts(pod, ports)
+		for i, port := range ports {
+			if active[port] {
+				out = append(out, newTarget(pod.Namespace, pod.Name+"-rank-"+strconv.Itoa(i), addr, port, k.cfg.Path))
+			}
+		}
+	}
+	slices.SortFunc(out, func(a, b Target) int { return strings.Compare(a.ID(), b.ID()) })
+	return out
+}
+
+// Annotations naming the target ports a pod serves (llm-d's router reads
+// the same two).
+const (
+	activePortsAnnotation       = "llm-d.ai/active-ports"
+	legacyActivePortsAnnotation = "inference.networking.k8s.io/active-ports"
+)
+
+// activePorts returns which of ports the pod serves: all of them, unless
+// its annotation lists some (numbers not among ports are ignored).
+func activePorts(pod *corev1.Pod, ports []uint16) map[uint16]bool {
+	out := make(map[uint16]bool, len(ports))
+	list, ok := pod.Annotations[activePortsAnnotation]
+	if !ok {
+		list, ok = pod.Annotations[legacyActivePortsAnnotation]
+	}
+	for _, p := range ports {
+		out[p] = !ok
+	}
+	if ok {
+		for item := range strings.SplitSeq(list, ",") {
+			if n, err := parsePort(strings.TrimSpace(item)); err == nil {
+				if _, listed := out[n]; listed {
+					out[n] = true
+				}
+			}
+		}
+	}
+	return out
+}
+
+func (k *KubeDiscovery) eligible(pod *corev1.Pod, sel labels.Selector) bool {
 	if pod.Spec.NodeName != k.cfg.NodeName || pod.DeletionTimestamp != nil ||
 		pod.Status.Phase != corev1.PodRunning || pod.Status.PodIP == "" ||
 		(k.cfg.Namespace != "" && pod.Namespace != k.cfg.Namespace) ||
-		!k.selector.Matches(labels.Set(pod.Labels)) {
+		!sel.Matches(labels.Set(pod.Labels)) {
 		return false
 	}
 	for _, c := range pod.Status.Conditions {

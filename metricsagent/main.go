@@ -16,6 +16,8 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"k8s.io/client-go/discovery"
+	"k8s.io/client-go/dynamic"
 	corev1client "k8s.io/client-go/kubernetes/typed/core/v1"
 	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/klog/v2"
@@ -65,26 +67,41 @@ func run(ctx context.Context, cfg Config, log *slog.Logger) error {
 		cfg.AgentID = h
 	}
 
-	disc, err := newDiscoverer(ctx, cfg, log)
+	reg := prometheus.NewRegistry()
+	metrics := NewMetrics(reg)
+	kube, err := newKubeClients(cfg)
 	if err != nil {
 		return err
 	}
-	reg := prometheus.NewRegistry()
-	metrics := NewMetrics(reg)
+	sync, err := newConfigSync(ctx, cfg, kube, log, metrics)
+	if err != nil {
+		return err
+	}
+	disc, err := newDiscoverer(ctx, cfg, kube, sync, log)
+	if err != nil {
+		return err
+	}
 	envoys, err := newEnvoyTargets(cfg, log, metrics)
 	if err != nil {
 		return err
 	}
-	pusher := &Pusher{Client: NewPushClient(), Path: cfg.PushPath, Timeout: cfg.PushTimeout,
-		Token: &TokenSource{File: cfg.PushTokenFile, Value: cfg.PushToken, Refresh: 10 * time.Second},
-		Log:   log, Metrics: metrics}
+	token := &TokenSource{File: cfg.PushTokenFile, Value: cfg.PushToken, Refresh: 10 * time.Second}
+	pusher := &Pusher{Client: NewPushClient(), Path: cfg.PushPath, Timeout: cfg.PushTimeout, Token: token, Log: log, Metrics: metrics}
 	if _, err := pusher.Token.Token(); err != nil {
 		return err
+	}
+	var publisher *ConfigPublisher
+	if sync != nil {
+		configPusher := &Pusher{Client: NewPushClient(), Path: cfg.ConfigPushPath, Timeout: cfg.PushTimeout, Token: token,
+			Log: log.With("payload", "config"), Metrics: metrics.configPushMetrics(),
+			Delivered: func(status int) bool { return status == http.StatusConflict }}
+		defer configPusher.Close()
+		publisher = &ConfigPublisher{Payload: sync.Payload, Pusher: configPusher, Resend: cfg.ConfigResend}
 	}
 	agent := NewAgent(Options{
 		AgentID: cfg.AgentID, Interval: cfg.Interval, Discoverer: disc,
 		Scraper: &Scraper{Timeout: cfg.ScrapeTimeout, MaxBodyBytes: cfg.MaxBodyBytes, Names: cfg.Names, AskForNames: cfg.AskForNames},
-		Envoys:  envoys, Pusher: pusher, Log: log, Metrics: metrics,
+		Envoys:  envoys, Pusher: pusher, Config: publisher, Log: log, Metrics: metrics,
 	})
 
 	ln, err := net.Listen("tcp", cfg.Listen)
@@ -104,7 +121,7 @@ func run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	go func() { serveErr <- srv.Serve(ln) }()
 	log.Info("metricsagent started", "agent_id", cfg.AgentID, "listen", ln.Addr().String(),
 		"interval", cfg.Interval, "scrape_timeout", cfg.ScrapeTimeout, "static_targets", cfg.Targets != "",
-		"envoy_targets", cfg.EnvoyTargets, "envoy_dns", cfg.EnvoyDNS)
+		"inference_pool", cfg.InferencePool, "envoy_targets", cfg.EnvoyTargets, "envoy_dns", cfg.EnvoyDNS)
 
 	runCtx, stop := context.WithCancel(ctx)
 	agentDone := make(chan struct{})
@@ -126,21 +143,85 @@ func run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	return err
 }
 
-func newDiscoverer(ctx context.Context, cfg Config, log *slog.Logger) (Discoverer, error) {
-	if cfg.Targets != "" {
-		return NewStaticDiscovery(ctx, cfg.Targets, cfg.MetricsPath, net.DefaultResolver)
+// kubeClients are the API clients, built only when something needs the
+// cluster (discovery, or the pool's objects from the API server).
+type kubeClients struct {
+	core  corev1client.CoreV1Interface
+	dyn   dynamic.Interface
+	disco discovery.DiscoveryInterface
+}
+
+func newKubeClients(cfg Config) (*kubeClients, error) {
+	if cfg.Targets != "" && (cfg.InferencePool == "" || cfg.TestObjectsFile != "") {
+		return nil, nil
 	}
 	restCfg, err := clientcmd.BuildConfigFromFlags("", cfg.Kubeconfig)
 	if err != nil {
 		return nil, fmt.Errorf("kubernetes client config: %w", err)
 	}
 	restCfg.UserAgent = "wasm-epp-metricsagent"
-	client, err := corev1client.NewForConfig(restCfg)
-	if err != nil {
+	k := &kubeClients{}
+	if k.core, err = corev1client.NewForConfig(restCfg); err != nil {
 		return nil, fmt.Errorf("kubernetes client: %w", err)
 	}
-	kd, err := NewKubeDiscovery(client, KubeConfig{Namespace: cfg.Namespace, NodeName: cfg.NodeName,
-		Selector: cfg.PodSelector, Port: cfg.MetricsPort, Path: cfg.MetricsPath}, log)
+	if k.dyn, err = dynamic.NewForConfig(restCfg); err != nil {
+		return nil, fmt.Errorf("kubernetes dynamic client: %w", err)
+	}
+	if k.disco, err = discovery.NewDiscoveryClientForConfig(restCfg); err != nil {
+		return nil, fmt.Errorf("kubernetes discovery client: %w", err)
+	}
+	return k, nil
+}
+
+// newConfigSync starts reading the pool's objects (nil without
+// --inference-pool) and waits for them once.
+func newConfigSync(ctx context.Context, cfg Config, kube *kubeClients, log *slog.Logger, m *Metrics) (*ConfigSync, error) {
+	if cfg.InferencePool == "" {
+		return nil, nil
+	}
+	ns, name, err := ParsePoolName(cfg.InferencePool)
+	if err != nil {
+		return nil, err
+	}
+	opts := ConfigSyncOptions{PoolNamespace: ns, PoolName: name, AgentID: cfg.AgentID, Log: log, Metrics: m}
+	var status *StatusWriter
+	if cfg.TestObjectsFile != "" {
+		src, err := NewFileObjectSource(cfg.TestObjectsFile, cfg.Interval, log)
+		if err != nil {
+			return nil, fmt.Errorf("--test-objects-file: %w", err)
+		}
+		go src.Run(ctx)
+		opts.Source = src
+	} else {
+		src := NewKubeObjectSource(kube.dyn, ns, Served(kube.disco), log)
+		if err := src.Start(ctx, time.Minute); err != nil {
+			return nil, err
+		}
+		opts.Source = src
+		if cfg.WriteStatus {
+			status = NewStatusWriter(kube.dyn, src.object, log, m, statusJitter)
+			go status.Run(ctx)
+		}
+	}
+	opts.Status = status
+	sync := NewConfigSync(opts)
+	go sync.Run(ctx)
+	return sync, nil
+}
+
+// statusJitter spreads the agents' status writes (see StatusWriter).
+const statusJitter = 2 * time.Second
+
+func newDiscoverer(ctx context.Context, cfg Config, kube *kubeClients, sync *ConfigSync, log *slog.Logger) (Discoverer, error) {
+	if cfg.Targets != "" {
+		return NewStaticDiscovery(ctx, cfg.Targets, cfg.MetricsPath, net.DefaultResolver)
+	}
+	kc := KubeConfig{Namespace: cfg.Namespace, NodeName: cfg.NodeName,
+		Selector: cfg.PodSelector, Port: cfg.MetricsPort, Path: cfg.MetricsPath}
+	if sync != nil {
+		kc.Pool, kc.Namespace = sync, sync.poolNamespace
+	}
+	kd, err := NewKubeDiscovery(kube.core, kc, log)
 	if err != nil {
 		return nil, err
 	}

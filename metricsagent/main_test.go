@@ -83,7 +83,15 @@ func TestParseConfigErrors(t *testing.T) {
 		{"no envoy", []string{"--targets", "127.0.0.1:8000"}, minimal, "exactly one of --envoy-targets and --envoy-dns"},
 		{"both envoy", append(base, "--envoy-dns", "x:1"), minimal, "exactly one"},
 		{"kube without node", []string{"--pod-selector", "app=vllm", "--envoy-targets", "a:1"}, minimal, "--node-name"},
-		{"kube without selector", []string{"--node-name", "n", "--envoy-targets", "a:1"}, minimal, "--pod-selector is required"},
+		{"kube without selector", []string{"--node-name", "n", "--envoy-targets", "a:1"}, minimal, "--pod-selector or --inference-pool is required"},
+		{"selector and pool", []string{"--node-name", "n", "--envoy-targets", "a:1", "--pod-selector", "a=b", "--inference-pool", "llm/p"}, minimal, "exclude each other"},
+		{"pool without namespace", []string{"--node-name", "n", "--envoy-targets", "a:1", "--inference-pool", "p"}, minimal, `--inference-pool: "p": want namespace/name`},
+		{"pool with a bad name", []string{"--node-name", "n", "--envoy-targets", "a:1", "--inference-pool", "llm/P_Q"}, minimal, `name "P_Q"`},
+		{"pool in another namespace", []string{"--node-name", "n", "--envoy-targets", "a:1", "--inference-pool", "llm/p", "--namespace", "x"}, minimal, "differs from the InferencePool's namespace"},
+		{"objects file without pool", append(base, "--test-objects-file", "f.yaml"), minimal, "--test-objects-file needs --inference-pool"},
+		{"objects file without targets", []string{"--node-name", "n", "--envoy-targets", "a:1", "--inference-pool", "llm/p", "--test-objects-file", "f"}, minimal, "--test-objects-file needs"},
+		{"config path same as push path", append(base, "--config-push-path", "/wasm-epp/v1/push"), minimal, "differ from --push-path"},
+		{"config resend zero", append(base, "--config-resend", "0s"), minimal, "--config-resend must be positive"},
 		{"bad log level", append(base, "--log-level", "loud"), minimal, "--log-level"},
 		{"bad log format", append(base, "--log-format", "xml"), minimal, "--log-format"},
 		{"unknown flag", append(base, "--bogus"), minimal, "bogus"},
@@ -99,6 +107,18 @@ func TestParseConfigErrors(t *testing.T) {
 			assert.ErrorContains(t, err, tc.msg)
 		})
 	}
+}
+
+func TestParseConfigInferencePool(t *testing.T) {
+	cfg, err := ParseConfig([]string{"--node-name", "n", "--envoy-dns", "envoy:10001", "--inference-pool", "llm/vllm-llama"}, env(minimal), io.Discard)
+	require.NoError(t, err)
+	assert.Equal(t, "llm/vllm-llama", cfg.InferencePool)
+	assert.True(t, cfg.WriteStatus)
+	assert.Equal(t, "/wasm-epp/v1/config", cfg.ConfigPushPath)
+	assert.Equal(t, time.Second, cfg.ConfigResend)
+	ns, name, err := ParsePoolName(cfg.InferencePool)
+	require.NoError(t, err)
+	assert.Equal(t, [2]string{"llm", "vllm-llama"}, [2]string{ns, name})
 }
 
 func TestHelpNamesEveryEnvironmentVariable(t *testing.T) {

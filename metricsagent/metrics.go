@@ -20,6 +20,17 @@ type Metrics struct {
 	PushBytes          prometheus.Gauge
 	EnvoyTargets       prometheus.Gauge
 	DNSErrors          prometheus.Counter
+
+	// The model table from Kubernetes objects (ConfigSync) and its pushes.
+	ConfigObjects      *prometheus.GaugeVec     // kind, state
+	ConfigRejected     *prometheus.GaugeVec     // kind, namespace, name, reason
+	ConfigConflicts    *prometheus.CounterVec   // kind
+	ConfigTableEntries *prometheus.GaugeVec     // entry
+	ConfigPayloadBytes prometheus.Gauge         //
+	ConfigBuilds       prometheus.Counter       //
+	ConfigPushDuration *prometheus.HistogramVec // target
+	ConfigPushErrors   *prometheus.CounterVec   // target, reason
+	StatusWrites       *prometheus.CounterVec   // result
 }
 
 // NewMetrics creates the metrics and registers them, plus the Go and
@@ -60,9 +71,38 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		DNSErrors: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "wasm_epp_agent_envoy_dns_errors_total", Help: "Failed lookups of --envoy-dns (the previous addresses are kept).",
 		}),
+		ConfigObjects: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "wasm_epp_agent_config_objects", Help: "InferenceObjectives and InferenceModelRewrites of the pool, by kind and state (accepted, rejected).",
+		}, []string{"kind", "state"}),
+		ConfigRejected: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "wasm_epp_agent_config_rejected", Help: "1 for each object rejected now (the pool, objectives, rewrites), with the reason; the log and the object's Accepted condition say why.",
+		}, []string{"kind", "namespace", "name", "reason"}),
+		ConfigConflicts: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "wasm_epp_agent_config_conflicts_total", Help: "Precedence conflicts found (a model claimed by two rewrites, a shadowed rule), counted when they appear or change.",
+		}, []string{"kind"}),
+		ConfigTableEntries: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "wasm_epp_agent_config_table_entries", Help: "Entries of the latest model table: rewritten_models, objectives.",
+		}, []string{"entry"}),
+		ConfigPayloadBytes: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "wasm_epp_agent_config_record_bytes", Help: "Size of the latest encoded configuration record.",
+		}),
+		ConfigBuilds: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "wasm_epp_agent_config_builds_total", Help: "Model tables built (once per change of the objects).",
+		}),
+		ConfigPushDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "wasm_epp_agent_config_push_duration_seconds", Help: "Time to push the configuration record to one Envoy.", Buckets: ms,
+		}, []string{"target"}),
+		ConfigPushErrors: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "wasm_epp_agent_config_push_errors_total", Help: "Failed configuration pushes by Envoy target and reason (409, the Envoy has a newer table, is not a failure).",
+		}, []string{"target", "reason"}),
+		StatusWrites: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "wasm_epp_agent_status_writes_total", Help: "Accepted conditions written on objectives and rewrites, by result (written, conflict, forbidden, error).",
+		}, []string{"result"}),
 	}
 	reg.MustRegister(m.ScrapeDuration, m.ScrapeErrors, m.PageParses, m.PushDuration, m.PushErrors, m.EndpointsReported,
 		m.EndpointsUnhealthy, m.CycleDuration, m.PushBytes, m.EnvoyTargets, m.DNSErrors,
+		m.ConfigObjects, m.ConfigRejected, m.ConfigConflicts, m.ConfigTableEntries, m.ConfigPayloadBytes, m.ConfigBuilds,
+		m.ConfigPushDuration, m.ConfigPushErrors, m.StatusWrites,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }
@@ -70,6 +110,12 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 func (m *Metrics) forgetPod(pod string) {
 	m.ScrapeDuration.DeletePartialMatch(prometheus.Labels{"pod": pod})
 	m.ScrapeErrors.DeletePartialMatch(prometheus.Labels{"pod": pod})
+}
+
+// configPushMetrics are the metrics a config Pusher reports to: the push
+// series of the configuration record, under the names Pusher uses.
+func (m *Metrics) configPushMetrics() *Metrics {
+	return &Metrics{PushDuration: m.ConfigPushDuration, PushErrors: m.ConfigPushErrors}
 }
 
 func (m *Metrics) forgetTarget(target string) {

@@ -171,6 +171,10 @@ type Pusher struct {
 	Metrics *Metrics
 	// Sent, if set, is called after every attempt (tests use it).
 	Sent func(target string, err error)
+	// Delivered, if set, names non-2xx statuses that still count as
+	// delivered: the receiver read the payload and kept what it had (409 to
+	// a configuration record older than its own).
+	Delivered func(status int) bool
 
 	mu      sync.Mutex
 	workers map[string]*pushWorker
@@ -327,7 +331,7 @@ func (p *Pusher) post(w *pushWorker, payload []byte) (reason string, err error) 
 	defer resp.Body.Close()
 	reply, _ := io.ReadAll(io.LimitReader(resp.Body, maxReplyBytes))
 	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10)) // let the connection be reused
-	if resp.StatusCode/100 != 2 {
+	if resp.StatusCode/100 != 2 && (p.Delivered == nil || !p.Delivered(resp.StatusCode)) {
 		return "http_" + strconv.Itoa(resp.StatusCode), fmt.Errorf("status %d: %s", resp.StatusCode, strings.TrimSpace(string(reply)))
 	}
 	return "", nil

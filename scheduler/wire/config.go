@@ -43,6 +43,10 @@ const MaxWeight = 1_000_000
 // the stored record's (the receiver answers 409 and keeps the stored one).
 var ErrConfigNotNewer = errors.New("configuration record not newer than the stored one")
 
+// ConfigPath is the receiver's default path for configuration records (on
+// the push listener, with the push token).
+const ConfigPath = "/wasm-epp/v1/config"
+
 // ConfigKey is the shared-data key of the stored configuration record.
 func ConfigKey(prefix string) string { return prefix + "v2.config" }
 
@@ -72,7 +76,8 @@ func DefaultConfigLimits() ConfigLimits {
 	return ConfigLimits{MaxBytes: 256 << 10, MaxRewrites: 1024, MaxTargets: 64, MaxObjectives: 1024, MaxModelNameLen: 256}
 }
 
-func (l ConfigLimits) resolved() ConfigLimits {
+// Resolved returns l with zero fields set to their defaults.
+func (l ConfigLimits) Resolved() ConfigLimits {
 	d := DefaultConfigLimits()
 	pick := func(v, def int) int {
 		if v == 0 {
@@ -169,7 +174,7 @@ func sortTargets(ts []WeightedTarget) {
 
 // Validate checks c exactly as DecodeConfig would check its encoding.
 func (c *ConfigRecord) Validate(lim ConfigLimits) error {
-	lim = lim.resolved()
+	lim = lim.Resolved()
 	if err := c.validate(&lim); err != nil {
 		return err
 	}
@@ -217,6 +222,15 @@ func (c *ConfigRecord) validate(lim *ConfigLimits) *Error {
 	return nil
 }
 
+// CheckName applies the record's rules for a string to s: not empty, at
+// most max bytes, valid UTF-8 without control characters.
+func CheckName(s string, max int) error {
+	if err := checkString(s, max, false); err != nil {
+		return errors.New(err.Detail)
+	}
+	return nil
+}
+
 // objectNameLen is the longest Kubernetes object name.
 const objectNameLen = 253
 
@@ -255,7 +269,7 @@ func checkTargets(ts []WeightedTarget, lim *ConfigLimits, where string, mayBeEmp
 // AppendConfig validates c and appends its encoding to dst. Nothing that
 // DecodeConfig would reject is ever encoded.
 func AppendConfig(dst []byte, c *ConfigRecord, lim ConfigLimits) ([]byte, error) {
-	lim = lim.resolved()
+	lim = lim.Resolved()
 	if err := c.validate(&lim); err != nil {
 		return dst, err
 	}
@@ -305,6 +319,48 @@ func appendTargets(dst []byte, ts []WeightedTarget) []byte {
 	return dst
 }
 
+// Sizes of the parts of an encoded record, for a builder that must stay
+// under ConfigLimits.MaxBytes: a record's size is ConfigBaseSize plus the
+// sizes of its rewrites, default rule and objectives, with the two list
+// counts growing past one byte at 128 entries (uvarint).
+
+// ConfigBaseSize is the size of a record with an empty table.
+func ConfigBaseSize(agentID, poolNamespace, poolName string) int {
+	return 3 + strSize(agentID) + strSize(poolNamespace) + strSize(poolName) + 24 + uvarintSize(0) + 1 + uvarintSize(0)
+}
+
+// RewriteSize is the encoded size of one rewrite.
+func RewriteSize(rw *ModelRewrite) int { return strSize(rw.Model) + targetsSize(rw.Targets) }
+
+// DefaultSize is what a default rule adds to a record without one.
+func DefaultSize(ts []WeightedTarget) int { return targetsSize(ts) }
+
+// ObjectiveSize is the encoded size of one objective.
+func ObjectiveSize(o *Objective) int { return strSize(o.Name) + 4 }
+
+// CountSize is the size of a list count of n (the count of 0 is in
+// ConfigBaseSize).
+func CountSize(n int) int { return uvarintSize(uint64(n)) }
+
+func targetsSize(ts []WeightedTarget) int {
+	n := uvarintSize(uint64(len(ts)))
+	for _, t := range ts {
+		n += strSize(t.Model) + uvarintSize(uint64(t.Weight))
+	}
+	return n
+}
+
+func strSize(s string) int { return uvarintSize(uint64(len(s))) + len(s) }
+
+func uvarintSize(v uint64) int {
+	n := 1
+	for v >= 0x80 {
+		v >>= 7
+		n++
+	}
+	return n
+}
+
 // EncodeConfig is AppendConfig to a new slice.
 func EncodeConfig(c *ConfigRecord, lim ConfigLimits) ([]byte, error) {
 	return AppendConfig(nil, c, lim)
@@ -324,7 +380,7 @@ const minTargetBytes = 1 + 1 + 1
 // DecodeConfig parses and validates one configuration record. The result
 // does not alias b.
 func DecodeConfig(b []byte, lim ConfigLimits) (*DecodedConfig, error) {
-	lim = lim.resolved()
+	lim = lim.Resolved()
 	d := newDecoder(b, Limits{MaxNameLen: max(objectNameLen, lim.MaxModelNameLen)}, "config")
 	d.header(magicConfig, lim.MaxBytes)
 	c := &DecodedConfig{}

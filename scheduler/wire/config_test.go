@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/hex"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -67,6 +68,30 @@ func TestConfigRoundTrip(t *testing.T) {
 		require.NoError(t, err)
 		assert.Equal(t, *c, got.ConfigRecord)
 		assert.Equal(t, b, encodeConfig(t, &got.ConfigRecord), "one encoding per record")
+	}
+}
+
+func TestConfigSizes(t *testing.T) {
+	for _, c := range []*ConfigRecord{sampleConfig(), {AgentID: "a", PoolNamespace: "n", PoolName: "p"}, func() *ConfigRecord {
+		c := &ConfigRecord{AgentID: "a", PoolNamespace: "n", PoolName: "p"}
+		for i := range 300 { // counts past one byte
+			c.Table.Rewrites = append(c.Table.Rewrites, ModelRewrite{Model: fmt.Sprintf("m%03d", i), Targets: []WeightedTarget{{Model: "t", Weight: 200}}})
+			c.Table.Objectives = append(c.Table.Objectives, Objective{Name: fmt.Sprintf("o%03d", i), Priority: int32(i)})
+		}
+		return c
+	}()} {
+		want := ConfigBaseSize(c.AgentID, c.PoolNamespace, c.PoolName) + CountSize(len(c.Table.Rewrites)) - CountSize(0) +
+			CountSize(len(c.Table.Objectives)) - CountSize(0)
+		for i := range c.Table.Rewrites {
+			want += RewriteSize(&c.Table.Rewrites[i])
+		}
+		if len(c.Table.Default) > 0 {
+			want += DefaultSize(c.Table.Default)
+		}
+		for i := range c.Table.Objectives {
+			want += ObjectiveSize(&c.Table.Objectives[i])
+		}
+		assert.Equal(t, want, len(encodeConfig(t, c)))
 	}
 }
 

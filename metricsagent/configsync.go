@@ -1,0 +1,267 @@
+package metricsagent
+
+import (
+	"bytes"
+	"context"
+	"log/slog"
+	"slices"
+	"sync/atomic"
+	"time"
+
+	"github.com/wasm-epp/wasm-epp/scheduler/wire"
+)
+
+// ConfigSync turns the pool's Kubernetes objects into what the agent acts
+// on: the InferencePool's selector and target ports for discovery
+// (PoolSource), and the model table, encoded as the configuration record
+// every Envoy gets (Payload). It rebuilds both whenever the objects change,
+// reports every rejected object and conflict in the log and the metrics,
+// and hands the verdicts to the status writer.
+type ConfigSync struct {
+	src                     ObjectSource
+	poolNamespace, poolName string
+	agentID                 string
+	limits                  wire.ConfigLimits
+	log                     *slog.Logger
+	metrics                 *Metrics
+	status                  *StatusWriter // nil: conditions are not written
+
+	payload atomic.Pointer[[]byte]
+	pool    atomic.Pointer[InferencePool]
+	built   atomic.Bool
+
+	// Only Run's goroutine touches these.
+	last        map[string]Verdict // by ID
+	lastPoolErr string
+	lastPoolRV  string
+	lastTable   *wire.ModelTable
+}
+
+// ConfigSyncOptions configure a ConfigSync; Status may be nil.
+type ConfigSyncOptions struct {
+	Source                  ObjectSource
+	PoolNamespace, PoolName string
+	AgentID                 string
+	Limits                  wire.ConfigLimits
+	Log                     *slog.Logger
+	Metrics                 *Metrics
+	Status                  *StatusWriter
+}
+
+// NewConfigSync builds a ConfigSync and builds a first table if the source
+// has listed everything already.
+func NewConfigSync(o ConfigSyncOptions) *ConfigSync {
+	c := &ConfigSync{src: o.Source, poolNamespace: o.PoolNamespace, poolName: o.PoolName, agentID: o.AgentID,
+		limits: o.Limits.Resolved(), log: o.Log, metrics: o.Metrics, status: o.Status, last: map[string]Verdict{}}
+	c.Rebuild()
+	return c
+}
+
+// rebuildEvery bounds the time between two rebuilds without a change, so
+// a status write that failed is retried.
+const rebuildEvery = time.Minute
+
+// Run rebuilds after every change, and every rebuildEvery, until ctx ends.
+func (c *ConfigSync) Run(ctx context.Context) {
+	t := time.NewTicker(rebuildEvery)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-c.src.Changed():
+		case <-t.C:
+		}
+		c.Rebuild()
+	}
+}
+
+// Pool is the pool's latest accepted spec (nil before one, or once the pool
+// is deleted). A pool edited into something invalid is reported and the
+// previous spec kept, as a failed scrape keeps the last good values.
+func (c *ConfigSync) Pool() *InferencePool { return c.pool.Load() }
+
+// Payload is the latest encoded configuration record; nil until every
+// resource has been listed once (a table from a partial view would drop
+// objects the agent has not read yet).
+func (c *ConfigSync) Payload() []byte {
+	if p := c.payload.Load(); p != nil {
+		return *p
+	}
+	return nil
+}
+
+// Built reports whether a table has been built (for tests and /readyz).
+func (c *ConfigSync) Built() bool { return c.built.Load() }
+
+// Rebuild reads the source and rebuilds pool and table (Run calls it).
+func (c *ConfigSync) Rebuild() {
+	pools, objectives, rewrites, rev, synced := c.src.Snapshot()
+	if !synced {
+		return
+	}
+	names := c.updatePool(pools)
+	res := BuildTable(TableInput{PoolNamespace: c.poolNamespace, PoolName: c.poolName, Pools: names,
+		Objectives: objectives, Rewrites: rewrites}, c.agentID, c.limits)
+	c.report(res)
+	rec := &wire.ConfigRecord{AgentID: c.agentID, PoolNamespace: c.poolNamespace, PoolName: c.poolName, Revision: rev, Table: res.Table}
+	payload, err := wire.EncodeConfig(rec, c.limits)
+	if err != nil {
+		// BuildTable keeps within the limits; this would be a bug.
+		c.log.Error("cannot encode the model table; the previous one stays", "err", err)
+		return
+	}
+	if c.lastTable == nil || !tablesEqual(c.lastTable, &res.Table) {
+		c.log.Info("model table built", "pool", c.poolNamespace+"/"+c.poolName, "revision", rev.String(),
+			"rewritten_models", len(res.Table.Rewrites), "default_rule", len(res.Table.Default) > 0,
+			"objectives", len(res.Table.Objectives), "bytes", len(payload))
+		c.lastTable = &res.Table
+	}
+	m := c.metrics
+	m.ConfigTableEntries.WithLabelValues("rewritten_models").Set(float64(len(res.Table.Rewrites)))
+	m.ConfigTableEntries.WithLabelValues("objectives").Set(float64(len(res.Table.Objectives)))
+	m.ConfigPayloadBytes.Set(float64(len(payload)))
+	m.ConfigBuilds.Inc()
+	if old := c.payload.Load(); old == nil || !bytes.Equal(*old, payload) {
+		c.payload.Store(&payload) // a new slice only for new bytes: ConfigPublisher compares pointers
+	}
+	c.built.Store(true)
+	if c.status != nil {
+		c.status.Submit(res.Verdicts)
+	}
+}
+
+func tablesEqual(a, b *wire.ModelTable) bool {
+	return slices.EqualFunc(a.Rewrites, b.Rewrites, func(x, y wire.ModelRewrite) bool {
+		return x.Model == y.Model && slices.Equal(x.Targets, y.Targets)
+	}) && slices.Equal(a.Default, b.Default) && slices.Equal(a.Objectives, b.Objectives)
+}
+
+// updatePool decodes the pool, keeps it when valid, reports it when not,
+// and returns the names of every pool of the namespace.
+func (c *ConfigSync) updatePool(pools [][]byte) []string {
+	var names []string
+	var ours []byte
+	for _, js := range pools {
+		meta, _ := peek(js)
+		if meta.Namespace != c.poolNamespace {
+			continue
+		}
+		names = append(names, meta.Name)
+		if meta.Name == c.poolName {
+			ours = js
+		}
+	}
+	slices.Sort(names)
+	id := KindInferencePool + " " + c.poolNamespace + "/" + c.poolName
+	rejected := c.metrics.ConfigRejected
+	if ours == nil {
+		if c.pool.Swap(nil) != nil || c.lastPoolErr == "" {
+			c.log.Warn("the InferencePool does not exist: no pods are discovered and objectives and rewrites naming it are rejected", "pool", id)
+		}
+		c.lastPoolErr, c.lastPoolRV = "absent", ""
+		rejected.DeletePartialMatch(map[string]string{"kind": KindInferencePool})
+		rejected.WithLabelValues(KindInferencePool, c.poolNamespace, c.poolName, "NotFound").Set(1)
+		return names
+	}
+	p, err := DecodeInferencePool(ours)
+	if err != nil {
+		if msg := err.Error(); msg != c.lastPoolErr {
+			c.lastPoolErr = msg
+			kept := "no pods are discovered until it is fixed"
+			if c.pool.Load() != nil {
+				kept = "the previous spec stays in use"
+			}
+			c.log.Warn("InferencePool rejected; "+kept, "pool", id, "err", msg)
+		}
+		reason := ReasonInvalidSpec
+		if oe, ok := err.(*ObjectError); ok {
+			reason = oe.Reason
+		}
+		rejected.DeletePartialMatch(map[string]string{"kind": KindInferencePool})
+		rejected.WithLabelValues(KindInferencePool, c.poolNamespace, c.poolName, reason).Set(1)
+		return names
+	}
+	if c.lastPoolErr != "" || p.ResourceVersion != c.lastPoolRV {
+		c.log.Info("InferencePool accepted", "pool", id, "selector", p.Spec.Selector.MatchLabels, "target_ports", p.Ports())
+	}
+	c.lastPoolErr, c.lastPoolRV = "", p.ResourceVersion
+	rejected.DeletePartialMatch(map[string]string{"kind": KindInferencePool})
+	c.pool.Store(p)
+	return names
+}
+
+// report logs what changed in the verdicts and sets the metrics.
+func (c *ConfigSync) report(res TableResult) {
+	m := c.metrics
+	now := make(map[string]Verdict, len(res.Verdicts))
+	counts := map[[2]string]int{}
+	for _, v := range res.Verdicts {
+		now[v.ID()] = v
+		state := "accepted"
+		if !v.Accepted {
+			state = "rejected"
+		}
+		counts[[2]string{v.Kind, state}]++
+		prev, seen := c.last[v.ID()]
+		if seen && prev.Accepted == v.Accepted && prev.Reason == v.Reason && prev.Message == v.Message {
+			continue
+		}
+		switch {
+		case !v.Accepted:
+			c.log.Warn("object rejected", "kind", v.Kind, "namespace", v.Namespace, "name", v.Name, "reason", v.Reason, "err", v.Message)
+		case len(v.Conflicts) > 0:
+			c.log.Warn("object accepted with conflicts", "kind", v.Kind, "namespace", v.Namespace, "name", v.Name, "conflicts", v.Conflicts)
+		default:
+			c.log.Info("object accepted", "kind", v.Kind, "namespace", v.Namespace, "name", v.Name, "detail", v.Message)
+		}
+		if len(v.Conflicts) > 0 {
+			m.ConfigConflicts.WithLabelValues(v.Kind).Add(float64(len(v.Conflicts)))
+		}
+	}
+	for id, v := range c.last {
+		if _, ok := now[id]; !ok {
+			c.log.Info("object gone from the table's view", "kind", v.Kind, "namespace", v.Namespace, "name", v.Name)
+		}
+	}
+	c.last = now
+	for _, kind := range []string{KindInferenceObjective, KindInferenceModelRewrite} {
+		for _, state := range []string{"accepted", "rejected"} {
+			m.ConfigObjects.WithLabelValues(kind, state).Set(float64(counts[[2]string{kind, state}]))
+		}
+		m.ConfigRejected.DeletePartialMatch(map[string]string{"kind": kind})
+	}
+	for _, v := range res.Verdicts {
+		if !v.Accepted {
+			m.ConfigRejected.WithLabelValues(v.Kind, v.Namespace, v.Name, v.Reason).Set(1)
+		}
+	}
+}
+
+// ConfigPublisher hands the latest configuration record to its own Pusher
+// on each agent cycle: when the record changed, when the Envoy targets
+// changed, and at least every Resend (so an Envoy that restarted, and whose
+// shared data is empty, gets the table back within Resend).
+type ConfigPublisher struct {
+	Payload func() []byte
+	Pusher  *Pusher
+	Resend  time.Duration
+
+	last    []byte
+	targets []string
+	at      time.Time
+}
+
+// Publish is called once per cycle with the cycle's Envoy targets.
+func (p *ConfigPublisher) Publish(targets []string, now time.Time) {
+	payload := p.Payload()
+	if payload == nil {
+		return
+	}
+	same := len(payload) == len(p.last) && (len(payload) == 0 || &payload[0] == &p.last[0])
+	if same && slices.Equal(targets, p.targets) && now.Sub(p.at) < p.Resend {
+		return
+	}
+	p.last, p.targets, p.at = payload, slices.Clone(targets), now
+	p.Pusher.Publish(targets, payload)
+}

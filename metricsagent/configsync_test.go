@@ -1,0 +1,159 @@
+package metricsagent
+
+import (
+	"context"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"net/url"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/wasm-epp/wasm-epp/scheduler/wire"
+)
+
+// configSink is a loopback receiver of configuration records: it checks
+// the token, decodes every record and answers 409 when told to.
+type configSink struct {
+	srv      *httptest.Server
+	mu       sync.Mutex
+	records  []*wire.DecodedConfig
+	conflict bool
+	got      chan *wire.DecodedConfig
+}
+
+func newConfigSink(t *testing.T, token string) *configSink {
+	s := &configSink{got: make(chan *wire.DecodedConfig, 100)}
+	s.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == wire.PushPath {
+			w.WriteHeader(http.StatusNoContent)
+			return
+		}
+		if r.Method != http.MethodPost || r.URL.Path != wire.ConfigPath || r.Header.Get("Authorization") != "Bearer "+token {
+			http.Error(w, "no", http.StatusUnauthorized)
+			return
+		}
+		b, _ := io.ReadAll(r.Body)
+		rec, err := wire.DecodeConfig(b, wire.ConfigLimits{})
+		if err != nil {
+			http.Error(w, err.Error(), http.StatusBadRequest)
+			return
+		}
+		s.mu.Lock()
+		s.records = append(s.records, rec)
+		conflict := s.conflict
+		s.mu.Unlock()
+		s.got <- rec
+		if conflict {
+			http.Error(w, "not newer", http.StatusConflict)
+			return
+		}
+		w.WriteHeader(http.StatusNoContent)
+	}))
+	t.Cleanup(s.srv.Close)
+	return s
+}
+
+func (s *configSink) addr() string { u, _ := url.Parse(s.srv.URL); return u.Host }
+
+func (s *configSink) next(t *testing.T) *wire.DecodedConfig {
+	t.Helper()
+	select {
+	case r := <-s.got:
+		return r
+	case <-time.After(10 * time.Second):
+		t.Fatal("no configuration record arrived")
+		return nil
+	}
+}
+
+func writeObjects(t *testing.T, path string, files ...string) {
+	t.Helper()
+	var docs []string
+	for _, f := range files {
+		b, err := os.ReadFile(filepath.Join("testdata", "k8s", f))
+		require.NoError(t, err)
+		docs = append(docs, string(b))
+	}
+	require.NoError(t, os.WriteFile(path, []byte(strings.Join(docs, "\n---\n")), 0o600))
+}
+
+// TestConfigRecordsReachEnvoys: objects from a file become a record that
+// the agent's cycle pushes with the push token, again when it changes,
+// again after Resend, and not otherwise; a 409 is not a push failure.
+func TestConfigRecordsReachEnvoys(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	path := filepath.Join(t.TempDir(), "objects.yaml")
+	writeObjects(t, path, "pools.yaml", "objectives.yaml", "rewrites.yaml")
+	src, err := NewFileObjectSource(path, 10*time.Millisecond, quietLog)
+	require.NoError(t, err)
+	go src.Run(ctx)
+	m := NewMetrics(prometheus.NewRegistry())
+	cs := NewConfigSync(ConfigSyncOptions{Source: src, PoolNamespace: "llm", PoolName: "vllm-llama", AgentID: "node-1", Log: quietLog, Metrics: m})
+	go cs.Run(ctx)
+
+	envoy := newConfigSink(t, "tok")
+	configPusher := &Pusher{Client: NewPushClient(), Path: wire.ConfigPath, Timeout: 5 * time.Second, Token: &TokenSource{Value: "tok"},
+		Log: quietLog, Metrics: m.configPushMetrics(), Delivered: func(s int) bool { return s == http.StatusConflict }}
+	t.Cleanup(configPusher.Close)
+	a := newTestAgent(t, nil, []string{envoy.addr()}, "tok", time.Second)
+	a.config = &ConfigPublisher{Payload: cs.Payload, Pusher: configPusher, Resend: time.Minute}
+
+	a.Cycle(ctx)
+	first := envoy.next(t)
+	assert.Equal(t, BuildTable(testTableInput(t), "node-1", wire.ConfigLimits{}).Table, first.Table)
+	assert.Equal(t, "node-1", first.AgentID)
+
+	a.Cycle(ctx)
+	a.Cycle(ctx)
+	select {
+	case r := <-envoy.got:
+		t.Fatalf("an unchanged record was pushed again before Resend: %+v", r.Revision)
+	case <-time.After(200 * time.Millisecond):
+	}
+
+	// The file changes: the next cycle pushes the new table, at a higher revision.
+	writeObjects(t, path, "pools.yaml", "objectives.yaml")
+	require.Eventually(t, func() bool {
+		rec, err := wire.DecodeConfig(cs.Payload(), wire.ConfigLimits{})
+		return err == nil && len(rec.Table.Rewrites) == 0
+	}, 10*time.Second, 10*time.Millisecond)
+	envoy.mu.Lock()
+	envoy.conflict = true
+	envoy.mu.Unlock()
+	a.Cycle(ctx)
+	second := envoy.next(t)
+	assert.Empty(t, second.Table.Rewrites)
+	assert.True(t, second.Revision.Covers(first.Revision) && second.Revision != first.Revision, "%v then %v", first.Revision, second.Revision)
+
+	// Resend: the same record again once the fake clock passed it.
+	a.clock.Advance(time.Minute)
+	a.Cycle(ctx)
+	third := envoy.next(t)
+	assert.Equal(t, second.Revision, third.Revision)
+	time.Sleep(50 * time.Millisecond)
+	assert.Equal(t, 0, testutil.CollectAndCount(m.ConfigPushErrors), "409 (the Envoy holds a newer table) is not an error")
+}
+
+func TestFileObjectSourceErrors(t *testing.T) {
+	dir := t.TempDir()
+	bad := filepath.Join(dir, "bad.yaml")
+	require.NoError(t, os.WriteFile(bad, []byte("apiVersion: v1\nkind: Pod\nmetadata:\n  name: x\n"), 0o600))
+	_, err := NewFileObjectSource(bad, time.Second, quietLog)
+	assert.ErrorContains(t, err, `kind "Pod" is not InferencePool, InferenceObjective or InferenceModelRewrite`)
+	require.NoError(t, os.WriteFile(bad, []byte("a: 1\na: 2\n"), 0o600))
+	_, err = NewFileObjectSource(bad, time.Second, quietLog)
+	assert.Error(t, err, "duplicate keys")
+	_, err = NewFileObjectSource(filepath.Join(dir, "missing.yaml"), time.Second, quietLog)
+	assert.Error(t, err)
+}
