@@ -74,6 +74,8 @@ const (
 	DefaultMaxPushBytes        = 1 << 20
 	DefaultMaxEndpoints        = 1024
 	DefaultMaxClockSkew        = time.Second
+	DefaultConfigPath          = wire.ConfigPath
+	DefaultMaxConfigBytes      = 256 << 10
 )
 
 // Config is the whole plugin configuration.
@@ -153,6 +155,11 @@ type Receiver struct {
 	// clock is refused (400). Freshness is always judged on the receiver's
 	// clock, so a tolerated skew never makes metrics look fresher.
 	MaxClockSkew Duration `json:"maxClockSkew,omitempty"`
+	// ConfigPath takes the agents' configuration records (the model table
+	// from InferenceObjective and InferenceModelRewrite objects), with the
+	// same token; MaxConfigBytes bounds one.
+	ConfigPath     string `json:"configPath,omitempty"`
+	MaxConfigBytes int    `json:"maxConfigBytes,omitempty"`
 }
 
 // Duration is a time.Duration written as a Go duration string ("2s").
@@ -309,6 +316,12 @@ func (c *Config) applyDefaults() {
 	if r.MaxEndpoints == 0 {
 		r.MaxEndpoints = DefaultMaxEndpoints
 	}
+	if r.ConfigPath == "" {
+		r.ConfigPath = DefaultConfigPath
+	}
+	if r.MaxConfigBytes == 0 {
+		r.MaxConfigBytes = DefaultMaxConfigBytes
+	}
 	if r.MaxClockSkew == 0 {
 		r.MaxClockSkew = Duration(DefaultMaxClockSkew)
 	}
@@ -392,6 +405,12 @@ func (c *Config) validate() error {
 	if r.MaxEndpoints < 0 || r.MaxEndpoints > 65536 {
 		return &Error{Path: "receiver.maxEndpoints", Msg: "must be in [1, 65536]"}
 	}
+	if !strings.HasPrefix(r.ConfigPath, "/") || r.ConfigPath == r.Path {
+		return &Error{Path: "receiver.configPath", Msg: "must start with / and differ from receiver.path"}
+	}
+	if r.MaxConfigBytes < 0 || r.MaxConfigBytes > 16<<20 {
+		return &Error{Path: "receiver.maxConfigBytes", Msg: "must be in [1, 16777216]"}
+	}
 	if r.MaxClockSkew < 0 {
 		return &Error{Path: "receiver.maxClockSkew", Msg: "must not be negative"}
 	}
@@ -465,3 +484,17 @@ func (c *Config) SnapshotVersionKey() string { return c.SnapshotKey() + ".versio
 // (flowcontrol.Admission): the requests every worker VM released to each
 // endpoint since the current snapshot.
 func (c *Config) AdmissionKey() string { return c.SharedDataKeyPrefix + "v2.admit" }
+
+// ConfigKey is the shared-data key of the stored configuration record
+// (receivers write it, routers read it), and ConfigGenKey the key of its
+// 8-byte version, which routers read on every request.
+func (c *Config) ConfigKey() string { return wire.ConfigKey(c.SharedDataKeyPrefix) }
+
+// ConfigGenKey: see ConfigKey.
+func (c *Config) ConfigGenKey() string { return wire.ConfigGenKey(c.SharedDataKeyPrefix) }
+
+// ConfigLimits bound the configuration records a receiver accepts and a
+// router reads: model names as long as requests may carry.
+func (c *Config) ConfigLimits() wire.ConfigLimits {
+	return wire.ConfigLimits{MaxBytes: c.Receiver.MaxConfigBytes, MaxModelNameLen: c.MaxModelNameLength}
+}

@@ -62,6 +62,7 @@ type Receiver struct {
 	versionKey  string
 	now         func() time.Time
 	counters    map[string]proxywasm.MetricCounter
+	config      configRecords // config.go
 }
 
 // New builds a receiver from a decoded configuration and the push token.
@@ -88,6 +89,7 @@ func New(cfg *config.Config, token string) (*Receiver, error) {
 	for _, o := range outcomes {
 		r.counters[o] = proxywasm.DefineCounterMetric("wasm_epp.receiver." + o)
 	}
+	r.config = newConfigRecords(cfg, r.counters)
 	return r, nil
 }
 
@@ -105,6 +107,8 @@ type pushContext struct {
 	// replied is set once a local reply was sent: later callbacks only
 	// drain, they never answer twice.
 	replied bool
+	// config: the request is a configuration record (config.go).
+	config bool
 }
 
 var _ types.HttpContext = (*pushContext)(nil)
@@ -114,7 +118,8 @@ func (c *pushContext) OnHttpRequestHeaders(_ int, endOfStream bool) types.Action
 	if i := strings.IndexByte(path, '?'); i >= 0 {
 		path = path[:i]
 	}
-	if path != c.r.path {
+	c.config = path == c.r.config.path
+	if path != c.r.path && !c.config {
 		return c.reply(404, outcomeNotFound, "not_found", "no such path on the push listener: pushes go to "+c.r.path)
 	}
 	if method, _ := proxywasm.GetHttpRequestHeader(":method"); method != "POST" {
@@ -125,8 +130,8 @@ func (c *pushContext) OnHttpRequestHeaders(_ int, endOfStream bool) types.Action
 			[2]string{"www-authenticate", `Bearer realm="wasm-epp-push"`})
 	}
 	if cl, err := proxywasm.GetHttpRequestHeader("content-length"); err == nil && cl != "" {
-		if n, err := strconv.ParseInt(cl, 10, 64); err == nil && n > int64(c.r.maxBytes) {
-			return c.reply(413, outcomeTooLarge, "too_large", fmt.Sprintf("push of %d bytes is over the %d-byte limit", n, c.r.maxBytes))
+		if n, err := strconv.ParseInt(cl, 10, 64); err == nil && n > int64(c.maxBytes()) {
+			return c.reply(413, outcomeTooLarge, "too_large", fmt.Sprintf("push of %d bytes is over the %d-byte limit", n, c.maxBytes()))
 		}
 	}
 	if endOfStream {
@@ -139,8 +144,8 @@ func (c *pushContext) OnHttpRequestBody(bodySize int, endOfStream bool) types.Ac
 	if c.replied {
 		return types.ActionPause
 	}
-	if bodySize > c.r.maxBytes {
-		return c.reply(413, outcomeTooLarge, "too_large", fmt.Sprintf("push is over the %d-byte limit", c.r.maxBytes))
+	if bodySize > c.maxBytes() {
+		return c.reply(413, outcomeTooLarge, "too_large", fmt.Sprintf("push is over the %d-byte limit", c.maxBytes()))
 	}
 	if !endOfStream {
 		return types.ActionPause // buffer until the whole push is here
@@ -152,7 +157,11 @@ func (c *pushContext) OnHttpRequestBody(bodySize int, endOfStream bool) types.Ac
 	if len(body) == 0 {
 		return c.reply(400, outcomeBadRequest, "bad_request", "empty push")
 	}
-	status, outcome, msg := c.r.apply(body)
+	apply := c.r.apply
+	if c.config {
+		apply = c.r.applyConfig
+	}
+	status, outcome, msg := apply(body)
 	if status == 204 {
 		return c.reply(204, outcome, "", "")
 	}

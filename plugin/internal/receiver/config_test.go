@@ -1,0 +1,170 @@
+package receiver
+
+import (
+	"bytes"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/wasm-epp/wasm-epp/plugin/config"
+	"github.com/wasm-epp/wasm-epp/plugin/internal/proxywasm"
+	"github.com/wasm-epp/wasm-epp/scheduler/wire"
+)
+
+func configHeaders(token string, n int) [][2]string {
+	h := pushHeaders(token, n)
+	for i := range h {
+		if h[i][0] == ":path" {
+			h[i][1] = config.DefaultConfigPath
+		}
+	}
+	return h
+}
+
+func record(t *testing.T, agent string, rev uint64, weight uint32) []byte {
+	t.Helper()
+	b, err := wire.EncodeConfig(&wire.ConfigRecord{AgentID: agent, PoolNamespace: "llm", PoolName: "pool",
+		Revision: wire.ConfigRevision{Pools: rev, Objectives: rev, Rewrites: rev},
+		Table: wire.ModelTable{
+			Rewrites:   []wire.ModelRewrite{{Model: "chat", Targets: []wire.WeightedTarget{{Model: "a", Weight: weight}, {Model: "b", Weight: 100 - weight}}}},
+			Objectives: []wire.Objective{{Name: "batch", Priority: -1}},
+		}}, wire.ConfigLimits{})
+	require.NoError(t, err)
+	return b
+}
+
+// storedConfig returns the stored record and its version key (nil when absent).
+func storedConfig(t *testing.T) ([]byte, []byte) {
+	t.Helper()
+	cfg, _ := config.Decode(nil)
+	rec, _, err := proxywasm.GetSharedData(cfg.ConfigKey())
+	if err != nil {
+		return nil, nil
+	}
+	gen, _, err := proxywasm.GetSharedData(cfg.ConfigGenKey())
+	require.NoError(t, err)
+	return rec, gen
+}
+
+func TestConfigRecordStoredOnlyWhenNewer(t *testing.T) {
+	host := newHost(t, `{"role":"receiver"}`)
+	first := record(t, "node-a", 10, 100)
+	r := send(t, host, configHeaders(testToken, len(first)), first, 5)
+	require.Equal(t, uint32(204), r.status)
+	rec, gen := storedConfig(t)
+	assert.Equal(t, first, rec, "the record is stored whole")
+	assert.Len(t, gen, 8)
+
+	// Another agent, same table, later revisions: nothing is written.
+	same := record(t, "node-b", 11, 100)
+	assert.Equal(t, uint32(204), send(t, host, configHeaders(testToken, -1), same, 0).status)
+	rec2, gen2 := storedConfig(t)
+	assert.Equal(t, first, rec2)
+	assert.Equal(t, gen, gen2)
+
+	// A lagging agent with an older table: 409, nothing written.
+	older := record(t, "node-c", 9, 50)
+	r = send(t, host, configHeaders(testToken, -1), older, 0)
+	assert.Equal(t, uint32(409), r.status)
+	assert.Equal(t, "config_not_newer", r.code)
+	rec2, gen2 = storedConfig(t)
+	assert.Equal(t, first, rec2)
+	assert.Equal(t, gen, gen2)
+
+	// A newer table replaces it, and its version changes.
+	newer := record(t, "node-b", 12, 0)
+	assert.Equal(t, uint32(204), send(t, host, configHeaders(testToken, -1), newer, 0).status)
+	rec3, gen3 := storedConfig(t)
+	assert.Equal(t, newer, rec3)
+	assert.NotEqual(t, gen, gen3)
+
+	counts := map[string]uint64{}
+	for _, o := range configOutcomes {
+		v, err := host.GetCounterMetric("wasm_epp.receiver." + o)
+		require.NoError(t, err)
+		counts[o] = v
+	}
+	assert.Equal(t, map[string]uint64{"config_stored": 2, "config_unchanged": 1, "config_not_newer": 1, "config_bad_request": 0, "config_stored_reset": 0}, counts)
+
+	// Metrics pushes still go to their own path and key.
+	body := push(t, "node-a", 1, "pod-1")
+	assert.Equal(t, uint32(204), send(t, host, pushHeaders(testToken, len(body)), body, 0).status)
+	s, _ := stored(t, host)
+	require.Len(t, s.Agents, 1)
+	rec4, _ := storedConfig(t)
+	assert.Equal(t, newer, rec4)
+}
+
+// TestConfigRecordRejected: every refusal, each with its status and code,
+// and nothing written by any of them.
+func TestConfigRecordRejected(t *testing.T) {
+	good := record(t, "node-a", 10, 100)
+	longModel := func() []byte {
+		b, err := wire.EncodeConfig(&wire.ConfigRecord{AgentID: "a", PoolNamespace: "llm", PoolName: "pool", Table: wire.ModelTable{
+			Rewrites: []wire.ModelRewrite{{Model: strings.Repeat("m", 300), Targets: []wire.WeightedTarget{{Model: "t", Weight: 1}}}}}},
+			wire.ConfigLimits{MaxModelNameLen: 4096})
+		require.NoError(t, err)
+		return b
+	}()
+	tests := []struct {
+		name    string
+		cfg     string
+		headers [][2]string
+		body    []byte
+		status  uint32
+		code    string
+	}{
+		{"no token", `{"role":"receiver"}`, configHeaders("", -1), good, 401, "unauthorized"},
+		{"wrong token", `{"role":"receiver"}`, configHeaders("wrong", -1), good, 401, "unauthorized"},
+		{"GET", `{"role":"receiver"}`, func() [][2]string { h := configHeaders(testToken, -1); h[0][1] = "GET"; return h }(), good, 405, "method_not_allowed"},
+		{"too large by Content-Length", `{"role":"receiver","receiver":{"maxConfigBytes":64}}`, configHeaders(testToken, len(good)), good, 413, "too_large"},
+		{"too large while buffering", `{"role":"receiver","receiver":{"maxConfigBytes":64}}`, configHeaders(testToken, -1), good, 413, "too_large"},
+		{"a metrics push on the config path", `{"role":"receiver"}`, configHeaders(testToken, -1), push(t, "a", 1, "p"), 400, "config_bad_request"},
+		{"truncated", `{"role":"receiver"}`, configHeaders(testToken, -1), good[:len(good)-2], 400, "config_bad_request"},
+		{"trailing bytes", `{"role":"receiver"}`, configHeaders(testToken, -1), append(bytes.Clone(good), 0), 400, "config_bad_request"},
+		{"unknown version", `{"role":"receiver"}`, configHeaders(testToken, -1), append([]byte("WC\x02"), good[3:]...), 400, "config_bad_request"},
+		{"model name longer than maxModelNameLength", `{"role":"receiver"}`, configHeaders(testToken, -1), longModel, 400, "config_bad_request"},
+		{"weights that add up to 0", `{"role":"receiver"}`, configHeaders(testToken, -1), bytes.Replace(good, []byte{1, 'a', 100}, []byte{1, 'a', 0}, 1), 400, "config_bad_request"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			host := newHost(t, tc.cfg)
+			r := send(t, host, tc.headers, tc.body, 16)
+			assert.Equal(t, tc.status, r.status)
+			assert.Equal(t, tc.code, r.code)
+			rec, gen := storedConfig(t)
+			assert.Nil(t, rec, "nothing written")
+			assert.Nil(t, gen)
+		})
+	}
+}
+
+func TestConfigRecordReplacesUnreadableState(t *testing.T) {
+	host := newHost(t, `{"role":"receiver"}`)
+	cfg, _ := config.Decode(nil)
+	require.NoError(t, proxywasm.SetSharedData(cfg.ConfigKey(), []byte("WC\x01garbage"), 0))
+	good := record(t, "node-a", 10, 100)
+	assert.Equal(t, uint32(204), send(t, host, configHeaders(testToken, -1), good, 0).status)
+	rec, _ := storedConfig(t)
+	assert.Equal(t, good, rec)
+	v, err := host.GetCounterMetric("wasm_epp.receiver.config_stored_reset")
+	require.NoError(t, err)
+	assert.Equal(t, uint64(1), v)
+}
+
+func TestConfigPathConfiguration(t *testing.T) {
+	host := newHost(t, `{"role":"receiver","receiver":{"configPath":"/cfg"}}`)
+	good := record(t, "node-a", 10, 100)
+	h := configHeaders(testToken, -1)
+	assert.Equal(t, uint32(404), send(t, host, h, good, 0).status, "the default path is no longer served")
+	h[1][1] = "/cfg"
+	assert.Equal(t, uint32(204), send(t, host, h, good, 0).status)
+	_, err := config.Decode([]byte(`{"receiver":{"configPath":"/wasm-epp/v1/push"}}`))
+	assert.ErrorContains(t, err, "receiver.configPath: must start with / and differ from receiver.path")
+	_, err = config.Decode([]byte(`{"receiver":{"maxConfigBytes":` + strconv.Itoa(17<<20) + `}}`))
+	assert.ErrorContains(t, err, "receiver.maxConfigBytes")
+}
+
