@@ -134,12 +134,13 @@ func (c *httpContext) onRequestBody(bodySize int, endOfStream bool) types.Action
 	if err != nil {
 		return c.failInternal("cannot read the request body", err)
 	}
+	r.crd.refresh() // the model table from Kubernetes objects, if any changed
 	p, err := parseRequest(body, r.cfg.MaxModelNameLength, r.knownModel)
 	if err != nil {
 		e := err.(*RequestError)
 		return c.refuse(outBadRequest, string(e.Reason), e.Msg)
 	}
-	m, ok := r.models[p.Model]
+	m, ok := r.resolveModel(p.Model)
 	if !ok {
 		if r.cfg.UnknownModels != config.UnknownModelPassthrough {
 			// p.Model passed ValidModelName (no control characters,
@@ -178,6 +179,11 @@ func (c *httpContext) route(p *Parsed, m *model, body []byte, targetModel string
 	}
 
 	if p != nil && targetModel != p.Model {
+		if !r.mayRewrite {
+			// Only the Kubernetes model table rewrites this request; the
+			// headers are still held, so Content-Length can go now.
+			_ = proxywasm.RemoveHttpRequestHeader("content-length")
+		}
 		if err := proxywasm.ReplaceHttpRequestBody(spliceModel(body, p, targetModel)); err != nil {
 			return c.failInternal("cannot rewrite the request body", err)
 		}

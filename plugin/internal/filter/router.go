@@ -69,6 +69,9 @@ type Router struct {
 	mayRewrite bool
 	// passthrough is a reused model for unknown names when they are allowed.
 	passthrough model
+	// crd is the model table from Kubernetes objects (crdtable.go); while
+	// it holds one, it replaces models.
+	crd crdTable
 
 	snapshotKey, versionKey string
 	cache                   snapshotCache
@@ -182,12 +185,8 @@ func NewRouter(cfg *config.Config, opts Options) (*Router, error) {
 		}
 		r.models[m.Name] = md
 	}
-	r.knownModel = func(b []byte) (string, bool) {
-		if m, ok := r.models[string(b)]; ok { // no allocation for the lookup
-			return m.name, true
-		}
-		return "", false
-	}
+	r.knownModel = r.lookupKnown
+	r.crd = newCRDTable(cfg)
 	r.defineMetrics()
 	return r, nil
 }

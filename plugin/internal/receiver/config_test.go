@@ -167,4 +167,3 @@ func TestConfigPathConfiguration(t *testing.T) {
 	_, err = config.Decode([]byte(`{"receiver":{"maxConfigBytes":` + strconv.Itoa(17<<20) + `}}`))
 	assert.ErrorContains(t, err, "receiver.maxConfigBytes")
 }
-
