@@ -39,7 +39,8 @@ func (c *fakeClock) Advance(d time.Duration) {
 }
 
 // sink is a loopback Envoy stand-in: it checks the token and decodes every
-// push with wire.DecodePush, as the plugin's receiver will.
+// push with wire.DecodePush, and every configuration record with
+// wire.DecodeConfig, as the plugin's receiver does.
 type sink struct {
 	srv    *httptest.Server
 	token  string
@@ -47,10 +48,14 @@ type sink struct {
 	mu     sync.Mutex
 	pushes []*wire.Push
 	got    chan *wire.Push
+	// configs receives the records; conflict answers them 409 (an Envoy
+	// holding a newer table).
+	configs  chan *wire.DecodedConfig
+	conflict bool
 }
 
 func newSink(t *testing.T, token string) *sink {
-	s := &sink{token: token, got: make(chan *wire.Push, 100)}
+	s := &sink{token: token, got: make(chan *wire.Push, 100), configs: make(chan *wire.DecodedConfig, 100)}
 	s.srv = httptest.NewServer(http.HandlerFunc(s.serve))
 	t.Cleanup(s.srv.Close)
 	return s
@@ -64,7 +69,7 @@ func (s *sink) serve(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
-	if r.Method != http.MethodPost || r.URL.Path != "/wasm-epp/v1/push" {
+	if r.Method != http.MethodPost || (r.URL.Path != wire.PushPath && r.URL.Path != wire.ConfigPath) {
 		http.Error(w, "wrong method or path", http.StatusNotFound)
 		return
 	}
@@ -77,6 +82,10 @@ func (s *sink) serve(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	b, _ := io.ReadAll(r.Body)
+	if r.URL.Path == wire.ConfigPath {
+		s.serveConfig(w, b)
+		return
+	}
 	p, err := wire.DecodePush(b, wire.Limits{})
 	if err != nil {
 		http.Error(w, err.Error(), http.StatusBadRequest)
@@ -87,6 +96,35 @@ func (s *sink) serve(w http.ResponseWriter, r *http.Request) {
 	s.mu.Unlock()
 	s.got <- p
 	w.WriteHeader(http.StatusNoContent)
+}
+
+func (s *sink) serveConfig(w http.ResponseWriter, b []byte) {
+	rec, err := wire.DecodeConfig(b, wire.ConfigLimits{})
+	if err != nil {
+		http.Error(w, err.Error(), http.StatusBadRequest)
+		return
+	}
+	s.mu.Lock()
+	conflict := s.conflict
+	s.mu.Unlock()
+	s.configs <- rec
+	if conflict {
+		http.Error(w, "not newer", http.StatusConflict)
+		return
+	}
+	w.WriteHeader(http.StatusNoContent)
+}
+
+// nextConfig waits for the next configuration record.
+func (s *sink) nextConfig(t *testing.T) *wire.DecodedConfig {
+	t.Helper()
+	select {
+	case r := <-s.configs:
+		return r
+	case <-time.After(10 * time.Second):
+		t.Fatal("no configuration record arrived")
+		return nil
+	}
 }
 
 func (s *sink) addr() string { u, _ := url.Parse(s.srv.URL); return u.Host }

@@ -2,14 +2,10 @@ package metricsagent
 
 import (
 	"context"
-	"io"
 	"net/http"
-	"net/http/httptest"
-	"net/url"
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -20,61 +16,6 @@ import (
 
 	"github.com/wasm-epp/wasm-epp/scheduler/wire"
 )
-
-// configSink is a loopback receiver of configuration records: it checks
-// the token, decodes every record and answers 409 when told to.
-type configSink struct {
-	srv      *httptest.Server
-	mu       sync.Mutex
-	records  []*wire.DecodedConfig
-	conflict bool
-	got      chan *wire.DecodedConfig
-}
-
-func newConfigSink(t *testing.T, token string) *configSink {
-	s := &configSink{got: make(chan *wire.DecodedConfig, 100)}
-	s.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.URL.Path == wire.PushPath {
-			w.WriteHeader(http.StatusNoContent)
-			return
-		}
-		if r.Method != http.MethodPost || r.URL.Path != wire.ConfigPath || r.Header.Get("Authorization") != "Bearer "+token {
-			http.Error(w, "no", http.StatusUnauthorized)
-			return
-		}
-		b, _ := io.ReadAll(r.Body)
-		rec, err := wire.DecodeConfig(b, wire.ConfigLimits{})
-		if err != nil {
-			http.Error(w, err.Error(), http.StatusBadRequest)
-			return
-		}
-		s.mu.Lock()
-		s.records = append(s.records, rec)
-		conflict := s.conflict
-		s.mu.Unlock()
-		s.got <- rec
-		if conflict {
-			http.Error(w, "not newer", http.StatusConflict)
-			return
-		}
-		w.WriteHeader(http.StatusNoContent)
-	}))
-	t.Cleanup(s.srv.Close)
-	return s
-}
-
-func (s *configSink) addr() string { u, _ := url.Parse(s.srv.URL); return u.Host }
-
-func (s *configSink) next(t *testing.T) *wire.DecodedConfig {
-	t.Helper()
-	select {
-	case r := <-s.got:
-		return r
-	case <-time.After(10 * time.Second):
-		t.Fatal("no configuration record arrived")
-		return nil
-	}
-}
 
 func writeObjects(t *testing.T, path string, files ...string) {
 	t.Helper()
@@ -102,7 +43,7 @@ func TestConfigRecordsReachEnvoys(t *testing.T) {
 	cs := NewConfigSync(ConfigSyncOptions{Source: src, PoolNamespace: "llm", PoolName: "vllm-llama", AgentID: "node-1", Log: quietLog, Metrics: m})
 	go cs.Run(ctx)
 
-	envoy := newConfigSink(t, "tok")
+	envoy := newSink(t, "tok")
 	configPusher := &Pusher{Client: NewPushClient(), Path: wire.ConfigPath, Timeout: 5 * time.Second, Token: &TokenSource{Value: "tok"},
 		Log: quietLog, Metrics: m.configPushMetrics(), Delivered: func(s int) bool { return s == http.StatusConflict }}
 	t.Cleanup(configPusher.Close)
@@ -110,14 +51,14 @@ func TestConfigRecordsReachEnvoys(t *testing.T) {
 	a.config = &ConfigPublisher{Payload: cs.Payload, Pusher: configPusher, Resend: time.Minute}
 
 	a.Cycle(ctx)
-	first := envoy.next(t)
+	first := envoy.nextConfig(t)
 	assert.Equal(t, BuildTable(testTableInput(t), "node-1", wire.ConfigLimits{}).Table, first.Table)
 	assert.Equal(t, "node-1", first.AgentID)
 
 	a.Cycle(ctx)
 	a.Cycle(ctx)
 	select {
-	case r := <-envoy.got:
+	case r := <-envoy.configs:
 		t.Fatalf("an unchanged record was pushed again before Resend: %+v", r.Revision)
 	case <-time.After(200 * time.Millisecond):
 	}
@@ -132,14 +73,14 @@ func TestConfigRecordsReachEnvoys(t *testing.T) {
 	envoy.conflict = true
 	envoy.mu.Unlock()
 	a.Cycle(ctx)
-	second := envoy.next(t)
+	second := envoy.nextConfig(t)
 	assert.Empty(t, second.Table.Rewrites)
 	assert.True(t, second.Revision.Covers(first.Revision) && second.Revision != first.Revision, "%v then %v", first.Revision, second.Revision)
 
 	// Resend: the same record again once the fake clock passed it.
 	a.clock.Advance(time.Minute)
 	a.Cycle(ctx)
-	third := envoy.next(t)
+	third := envoy.nextConfig(t)
 	assert.Equal(t, second.Revision, third.Revision)
 	time.Sleep(50 * time.Millisecond)
 	assert.Equal(t, 0, testutil.CollectAndCount(m.ConfigPushErrors), "409 (the Envoy holds a newer table) is not an error")

@@ -44,32 +44,19 @@ var listKinds = map[schema.GroupVersionResource]string{
 
 func allServed(schema.GroupVersionResource) (bool, error) { return true, nil }
 
-// logBuffer collects log lines for assertions.
-type logBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (l *logBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.buf.Write(p)
-}
-func (l *logBuffer) String() string { l.mu.Lock(); defer l.mu.Unlock(); return l.buf.String() }
-
 type kubeFixture struct {
 	dyn     *dynamicfake.FakeDynamicClient
 	src     *KubeObjectSource
 	sync    *ConfigSync
 	status  *StatusWriter
 	metrics *Metrics
-	logs    *logBuffer
+	logs    *lockedWriter
 }
 
 func newKubeFixture(t *testing.T, served func(schema.GroupVersionResource) (bool, error), objects ...runtime.Object) *kubeFixture {
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
-	f := &kubeFixture{logs: &logBuffer{}, metrics: NewMetrics(prometheus.NewRegistry())}
+	f := &kubeFixture{logs: &lockedWriter{w: &bytes.Buffer{}}, metrics: NewMetrics(prometheus.NewRegistry())}
 	log := slog.New(slog.NewTextHandler(f.logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	f.dyn = dynamicfake.NewSimpleDynamicClientWithCustomListKinds(runtime.NewScheme(), listKinds, objects...)
 	f.src = NewKubeObjectSource(f.dyn, "llm", served, log)
