@@ -43,11 +43,22 @@ type StatusWriter struct {
 
 	pending  chan []Verdict
 	disabled atomic.Bool
+	// wrote remembers the last condition written per object and the
+	// resourceVersion it was written on, so the verdicts of a rebuild that
+	// runs before the watch has brought the written object back are not
+	// written twice; once the object moved on, it is judged afresh.
+	wrote map[string]written
+}
+
+type written struct {
+	v  Verdict
+	rv string
 }
 
 // NewStatusWriter returns a writer; call Run to start it.
 func NewStatusWriter(dyn dynamic.Interface, object func(kind, namespace, name string) ([]byte, bool), log *slog.Logger, m *Metrics, jitter time.Duration) *StatusWriter {
-	return &StatusWriter{Dyn: dyn, Object: object, Log: log, Metrics: m, Jitter: jitter, Now: time.Now, pending: make(chan []Verdict, 1)}
+	return &StatusWriter{Dyn: dyn, Object: object, Log: log, Metrics: m, Jitter: jitter, Now: time.Now, pending: make(chan []Verdict, 1),
+		wrote: map[string]written{}}
 }
 
 // Submit hands over the latest verdicts, replacing any not yet written.
@@ -124,6 +135,9 @@ func (w *StatusWriter) write(ctx context.Context, v Verdict) {
 	if err := u.UnmarshalJSON(js); err != nil || u.GetGeneration() != v.Generation {
 		return // changed since it was judged: a newer verdict follows
 	}
+	if last, ok := w.wrote[v.ID()]; ok && last.rv == u.GetResourceVersion() && sameCondition(&last.v, &v) {
+		return // written on this very version: the watch has not brought it back yet
+	}
 	status, reason, msg := metav1.ConditionTrue, v.Reason, v.Message
 	if !v.Accepted {
 		status = metav1.ConditionFalse
@@ -164,6 +178,7 @@ func (w *StatusWriter) write(ctx context.Context, v Verdict) {
 	_, err := w.Dyn.Resource(gvr).Namespace(v.Namespace).UpdateStatus(ctx, u, metav1.UpdateOptions{FieldManager: fieldManager})
 	switch {
 	case err == nil:
+		w.wrote[v.ID()] = written{v: v, rv: u.GetResourceVersion()}
 		w.Metrics.StatusWrites.WithLabelValues("written").Inc()
 		w.Log.Debug("condition written", "kind", v.Kind, "namespace", v.Namespace, "name", v.Name, "status", status, "reason", reason)
 	case apierrors.IsConflict(err) || apierrors.IsNotFound(err):
@@ -180,4 +195,8 @@ func (w *StatusWriter) write(ctx context.Context, v Verdict) {
 		w.Metrics.StatusWrites.WithLabelValues("error").Inc()
 		w.Log.Warn("cannot write a status condition; retried within a minute", "kind", v.Kind, "namespace", v.Namespace, "name", v.Name, "err", err)
 	}
+}
+
+func sameCondition(a, b *Verdict) bool {
+	return a.Generation == b.Generation && a.Accepted == b.Accepted && a.Reason == b.Reason && a.Message == b.Message
 }
