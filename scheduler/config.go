@@ -51,11 +51,9 @@ type Config struct {
 }
 
 // DefaultCountRoutedSinceSnapshot is CountRoutedSinceSnapshot when the
-// configuration leaves it out. Off: in the fleet simulation's LoRA
-// scenarios counting changed little (and hurt the decision tree with 1 s
-// old snapshots); for pools serving base models without adapters it cut
-// p90 time to first token by a third and is recommended there
-// (e2e/results/TUNING.md).
+// configuration leaves it out: off, since it pays for pools serving base
+// models without adapters and not for LoRA pools (measured in
+// e2e/results/TUNING.md).
 const DefaultCountRoutedSinceSnapshot = false
 
 // CountsRoutedSinceSnapshot is CountRoutedSinceSnapshot with its default
@@ -116,31 +114,17 @@ const (
 //     shed-filter keeps the seed's shedding (Standard/Sheddable dropped
 //     when no endpoint has capacity). Weights: lora-affinity 10, queue 1,
 //     kv-cache 2, running-requests 1; max-score picker (random among
-//     ties). Tuned with the fleet simulation (e2e/fleet, issue 8; what was
-//     tried and what it gave: e2e/results/TUNING.md). What the weights do:
-//     the gap between "adapter active" (1.0) and "free slot" (0.8) is
-//     0.2×10 = 2, as much as queue and running-requests together can swing
-//     (each min-max normalised, a full point for any gap), so a request
-//     joins an endpoint that already runs its adapter unless that endpoint
-//     is the most loaded on queue and batch and also fuller on KV: the
-//     seed's "spread adapters only before a hot spot". Each adapter added
-//     to a batch slows every step (×(1+0.02·A)) and takes a slot, so
-//     keeping adapters concentrated wins. The "free slot" to "cannot load"
-//     gap (0.8×10 = 8) exceeds every other score combined: a request is
-//     never sent where its adapter must wait for a slot while a free slot
-//     exists, which stalls it for seconds (vLLM #15422). Tried and
-//     rejected: the first defaults (lora-affinity 2, queue 1, kv-cache 1)
-//     spread every adapter into every free slot (4.0 adapters per batch at
-//     max-lora 4 against the tree's 3.7) and trailed the tree by ~1% at
-//     saturation; lora-affinity 12 without the running-requests scorer
-//     hardly ever spreads, so hot adapters pile up (p90 NTPOT ×60–110 at
-//     90% load); dropping the queue scorer, or running-requests at weight
-//     2 with lora-affinity 2, sends requests where their adapter waits for
-//     a slot (p99 TTFT of minutes); the weighted-random picker scatters
-//     adapters over every slot (p90 NTPOT ×100 and more). With these
-//     weights the profile's p90 TPOT and NTPOT are at or below the tree's
-//     at every load from 20% to 130% of saturation in both simulated
-//     scenarios.
+//     ties). Why these: the gap between "adapter active" (1.0) and "free
+//     slot" (0.8) is 0.2×10 = 2, as much as queue and running-requests
+//     together can swing (each min-max normalised), so a request joins an
+//     endpoint that already runs its adapter unless that endpoint is the
+//     most loaded on queue and batch and also fuller on KV; and the "free
+//     slot" to "cannot load" gap (0.8×10 = 8) exceeds every other score
+//     combined, so a request never goes where its adapter must wait for a
+//     slot while a free slot exists. e2e/results/TUNING.md has what was
+//     measured and the weights that were tried and rejected.
+//   - prefix-aware: shedding, prefix affinity with a load guard, then the
+//     scoring profile's scorers with a prefix-cache scorer.
 //   - random, round-robin, least-request: classic balancers without
 //     shedding, baselines for the fleet simulation.
 func BuiltinProfiles() map[string]ProfileSpec {

@@ -10,7 +10,7 @@ import (
 // snapshot it is scheduled against, the injected random source and clock,
 // and a typed key/value store plugins use to share data (for example a
 // prefix-cache filter handing its match lengths to a scorer) without any
-// interface change. This is the seed's scheduling Context (benefit a).
+// interface change. This is the seed's scheduling context.
 //
 // A Cycle is owned by its Scheduler and reused from one request to the next;
 // plugins must not keep it, or slices obtained from it, after they return.

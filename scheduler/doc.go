@@ -49,9 +49,18 @@
 // Get). A Registry lists the plugin types a configuration may name;
 // NewRegistry holds the built-ins, and Register adds more.
 //
-// Built-in profiles: "decision-tree" (the default: upstream
-// gateway-api-inference-extension's scheduler at commit 264ee45a, see
-// SeedTree), "scoring" (the same signals as weighted scores), and the
+// Built-in profiles: "decision-tree" (the default, the seed's algorithm:
+// see below), "scoring" (the same signals as weighted scores),
+// "prefix-aware" (prefix-cache affinity with a load guard), and the
 // baselines "random", "round-robin", "least-request". Config documents the
-// JSON form.
+// JSON form; the README documents every plugin.
+//
+// # The seed
+//
+// "The seed" is the scheduler this project reproduces exactly: the
+// Gateway API Inference Extension endpoint picker's scheduler as of its
+// commit 264ee45a, refactored into ActiveModels and WaitingModels, one
+// cycle per request on one snapshot, and the decision tree as a table.
+// SeedTree is that tree; its filters, thresholds and defaults are
+// upstream's, and "upstream" in this package's comments means that code.
 package scheduler

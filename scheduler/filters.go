@@ -2,9 +2,8 @@ package scheduler
 
 import "math"
 
-// Built-in filters. The first five reproduce the filters of upstream
-// gateway-api-inference-extension pkg/epp/scheduling/filter.go at commit
-// 264ee45a (PR #645); the rest serve other policies.
+// Built-in filters. The first five reproduce the seed's filters (upstream's
+// scheduler, see doc.go); the rest serve other policies.
 
 var (
 	_ Filter = (*LowQueueFilter)(nil)
@@ -20,7 +19,7 @@ var (
 	_ NonEmptyFilter = (*LeastRequestFilter)(nil)
 )
 
-// Defaults of the seed's thresholds (upstream scheduler.go at 264ee45a).
+// Defaults of the seed's thresholds, upstream's.
 const (
 	DefaultLoRAAffinityThreshold  = 0.999
 	DefaultQueueingThresholdLoRA  = 128

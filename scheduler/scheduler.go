@@ -484,11 +484,10 @@ func growFloats(s []float64, n int) []float64 {
 // concentrates an adapter's requests where it is loaded: every adapter in a
 // batch slows each step and takes a slot, and an adapter that stops getting
 // requests on a replica drains from its batch. Counting these requests
-// evens the queues of an adapter's replicas and keeps it in every batch;
-// in the fleet simulation that cost 5–14% of p90 NTPOT for the decision
-// tree and, with 1 s old snapshots, stalled requests behind adapter loads
-// (e2e/results/TUNING.md). Requests for the base model, or placed where
-// their adapter is not yet listed, are counted.
+// evens the queues of an adapter's replicas and keeps it in every batch,
+// which the fleet benchmark measured as slower (e2e/results/TUNING.md).
+// Requests for the base model, or placed where their adapter is not yet
+// listed, are counted.
 //
 // Observe updates the snapshot res points into, which must belong to this
 // Scheduler (see Snapshot). Off, or when res is not Routed (a FailedOpen

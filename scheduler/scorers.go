@@ -2,9 +2,9 @@ package scheduler
 
 import "math"
 
-// Built-in scorers, modelled on the scorers upstream added after 264ee45a
-// (pkg/epp/scheduling/framework/plugins/scorer/{queue,kvcache_utilization,
-// lora_affinity,running}.go): each maps one signal to [0,1], higher better.
+// Built-in scorers, modelled on the queue, KV-cache utilization, LoRA
+// affinity and running-requests scorers upstream added after the seed: each
+// maps one signal to [0,1], higher better.
 
 var (
 	_ Scorer = (*QueueScorer)(nil)

@@ -5,8 +5,8 @@ import (
 	"strings"
 )
 
-// TreeParams are the seed's four thresholds (upstream scheduler.go Config
-// at 264ee45a; upstream read them from environment variables).
+// TreeParams are the seed's four thresholds (upstream read them from
+// environment variables).
 type TreeParams struct {
 	// LoRAAffinityThreshold is the probability of keeping the affinity
 	// group when both LoRA groups exist. Default 0.999.
@@ -74,11 +74,10 @@ type TreeEntries struct {
 	Sheddable string `json:"sheddable"`
 }
 
-// SeedTree is the seed's algorithm (upstream scheduler.go at 264ee45a) as a
-// flat table. Critical requests start at low-queue. Standard and Sheddable
-// requests (upstream's non-critical path) first need an endpoint with
-// capacity, else they are dropped; with capacity they take the critical
-// route.
+// SeedTree is the seed's algorithm (doc.go) as a flat table. Critical
+// requests start at low-queue. Standard and Sheddable requests (upstream's
+// non-critical path) first need an endpoint with capacity, else they are
+// dropped; with capacity they take the critical route.
 //
 //	step                    filter          on success              on failure
 //	capacity                has-capacity    low-queue               drop
@@ -154,9 +153,10 @@ type treeNode struct {
 const (
 	terminalDone = -1
 	terminalDrop = -2
-	// maxTreeRoutes bounds the unrolled tree; a table with this many
-	// routes is a configuration mistake, and the enumerated paths become
-	// metric labels.
+	// maxTreeNodes bounds the unrolled tree (one node per row on each
+	// route that reaches it): a table that unrolls into more is a
+	// configuration mistake, and its enumerated paths become metric
+	// labels.
 	maxTreeNodes = 4096
 )
 
@@ -235,7 +235,7 @@ type treeBuilder struct {
 // the node index.
 func (b *treeBuilder) build(row int, path string) (int, error) {
 	if len(b.t.nodes) >= maxTreeNodes {
-		return 0, fieldErr("steps", fmt.Sprintf("more than %d routes; simplify the table", maxTreeNodes))
+		return 0, fieldErr("steps", fmt.Sprintf("the table unrolls into more than %d nodes (a node per row on each route to it); simplify it", maxTreeNodes))
 	}
 	if row < 0 {
 		b.t.nodes = append(b.t.nodes, treeNode{step: row, path: path})

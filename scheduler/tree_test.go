@@ -228,5 +228,5 @@ func TestNewDecisionTreeRouteLimit(t *testing.T) {
 		steps[len(steps)-2].OnFailure = n + "/alt"
 	}
 	_, err := NewDecisionTree("t", steps, TreeEntries{"s0", "s0", "s0"})
-	assert.ErrorContains(t, err, "routes; simplify the table")
+	assert.ErrorContains(t, err, "nodes (a node per row on each route to it); simplify it")
 }

@@ -88,7 +88,7 @@ type Criticality int
 const (
 	// Critical requests are never shed.
 	Critical Criticality = iota
-	// Standard requests are shed like Sheddable ones, as upstream at 264ee45a.
+	// Standard requests are shed like Sheddable ones, as in the seed.
 	Standard
 	// Sheddable requests are dropped when no endpoint has capacity.
 	Sheddable

@@ -13,9 +13,9 @@ type SnapshotOptions struct {
 	//
 	// By default they are kept, with their last good values and
 	// Metrics.UpdateTime set to the last good scrape time, so the plugin's
-	// staleness rule removes them once that is older than its staleAfter
-	// (BAD-INPUTS rows 17 and 18: a failing pod "ages towards stale"). One
-	// slow scrape of a busy pod then does not pull it out of rotation.
+	// staleness rule removes them once that is older than its staleAfter:
+	// a pod whose scrapes fail ages towards stale. One slow scrape of a
+	// busy pod then does not pull it out of rotation.
 	ExcludeUnhealthy bool
 }
 
