@@ -195,10 +195,11 @@ func newTestAgent(t *testing.T, targets []Target, envoys []string, token string,
 	return &testAgent{Agent: a, clock: clock, metrics: m, pusher: pusher}
 }
 
-// TestBadExpositions covers BAD-INPUTS rows 17-23 with real loopback
-// servers: a first good scrape, then the bad page. A failure keeps the last
-// good values and their scrape time (the pod ages towards stale at the
-// receiver) and marks the pod unhealthy; rows 22 and 23 are read correctly.
+// TestBadExpositions serves bad metrics pages from real loopback servers: a
+// first good scrape, then the bad page. A failure keeps the last good
+// values and their scrape time (the pod ages towards stale at the
+// receiver) and marks the pod unhealthy; the last two cases are unusual
+// pages that are read correctly.
 func TestBadExpositions(t *testing.T) {
 	v0 := golden(t, "vllm-v0.6.txt")
 	good := PodMetrics{Waiting: 3, Running: 14, KVCacheUsage: 0.4171, MaxAdapters: 4,

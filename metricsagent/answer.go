@@ -14,8 +14,8 @@ import (
 // The agent reads it itself instead of with http.ReadResponse, which builds
 // a Response, a header map and a string per header for every answer: at
 // 2000 scrapes a second that was a sixth of the agent's CPU and most of its
-// allocations. The rules are net/http's (net/http/response.go ReadResponse,
-// transfer.go, net/textproto ReadMIMEHeader) for everything the agent
+// allocations. The rules are net/http's (ReadResponse, its transfer
+// coding rules, textproto's ReadMIMEHeader) for everything the agent
 // reads; FuzzReadAnswerHead holds the two to the same answers. Where this
 // reader is stricter its error wraps errStricter; it is never more lenient.
 type answerHead struct {

@@ -42,8 +42,8 @@ func DefaultMetricNames() MetricNames {
 	}
 }
 
-// Label names of vLLM's LoRA info gauge (vllm/engine/metrics.py,
-// vllm/v1/metrics/loggers.py).
+// Label names of vLLM's LoRA info gauge (the same in its v0 and v1
+// engines).
 const (
 	labelMaxLoRA         = "max_lora"
 	labelRunningAdapters = "running_lora_adapters"
@@ -290,7 +290,7 @@ func kvUsage(fams map[string]*dto.MetricFamily, names []string) (float64, error)
 // readLoRA reads vLLM's LoRA info gauge. vLLM keeps every label combination
 // it ever set as its own series, with the Unix time it was set as value, so
 // the series with the largest value is the current state (as GAIE's
-// pkg/epp/backend/metrics does). A server without LoRA has no such family.
+// endpoint picker reads it). A server without LoRA has no such family.
 func readLoRA(fams map[string]*dto.MetricFamily, name string, m *PodMetrics) error {
 	if _, ok := fams[name]; !ok {
 		return nil

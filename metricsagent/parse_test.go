@@ -35,7 +35,7 @@ func TestParseGoldenCaptures(t *testing.T) {
 			ActiveAdapters: []string{"sql-lora", "tweet-summary"}, WaitingAdapters: []string{"code-lora"},
 		}},
 		{"vllm-v1.txt", PodMetrics{
-			// only vllm:kv_cache_usage_perc (BAD-INPUTS row 23); sql-lora both running and waiting
+			// only vllm:kv_cache_usage_perc; sql-lora both running and waiting
 			Waiting: 7, Running: 31, KVCacheUsage: 0.8125, MaxAdapters: 2,
 			ActiveAdapters: []string{"fin-lora", "sql-lora"}, WaitingAdapters: []string{"sql-lora"},
 		}},
@@ -97,7 +97,7 @@ func TestParseMetrics(t *testing.T) {
 			MetricNames{Waiting: "vllm:num_requests_waiting", Running: "vllm:num_requests_running", KVUsage: []string{"vllm:kv_cache_usage_perc"}},
 			PodMetrics{Waiting: 2, Running: 5, KVCacheUsage: 0.5}, wire.ScrapeOK, ""},
 
-		// BAD-INPUTS row 20
+		// Values that are not counts or fractions.
 		{"NaN queue", page("# TYPE vllm:num_requests_waiting gauge", "vllm:num_requests_waiting NaN", running5, kvV1), DefaultMetricNames(), PodMetrics{}, wire.ScrapeInvalidValue, "NaN"},
 		{"+Inf queue", page(waiting2, "# TYPE vllm:num_requests_running gauge", "vllm:num_requests_running +Inf", kvV1), DefaultMetricNames(), PodMetrics{}, wire.ScrapeInvalidValue, "+Inf"},
 		{"NaN kv", page(waiting2, running5, "# TYPE vllm:kv_cache_usage_perc gauge", `vllm:kv_cache_usage_perc{model_name="m"} NaN`), DefaultMetricNames(), PodMetrics{}, wire.ScrapeInvalidValue, "vllm:kv_cache_usage_perc: value NaN"},
@@ -110,7 +110,7 @@ func TestParseMetrics(t *testing.T) {
 		{"lora NaN", page(waiting2, running5, kvV1, "# TYPE vllm:lora_requests_info gauge", `vllm:lora_requests_info{max_lora="1"} NaN`), DefaultMetricNames(), PodMetrics{}, wire.ScrapeInvalidValue, "NaN"},
 		{"lora without max_lora", page(waiting2, running5, kvV1, "# TYPE vllm:lora_requests_info gauge", `vllm:lora_requests_info{running_lora_adapters="a"} 1`), DefaultMetricNames(), PodMetrics{}, wire.ScrapeInvalidValue, "max_lora"},
 		{"lora max_lora not a number", page(waiting2, running5, kvV1, "# TYPE vllm:lora_requests_info gauge", `vllm:lora_requests_info{max_lora="four"} 1`), DefaultMetricNames(), PodMetrics{}, wire.ScrapeInvalidValue, "max_lora"},
-		// BAD-INPUTS row 21
+		// Families without a TYPE line.
 		{"untyped waiting", page("vllm:num_requests_waiting 3", running5, kvV1), DefaultMetricNames(), PodMetrics{}, wire.ScrapeInvalidValue, "untyped"},
 		{"untyped kv", page(waiting2, running5, "vllm:kv_cache_usage_perc 0.3"), DefaultMetricNames(), PodMetrics{}, wire.ScrapeInvalidValue, "untyped"},
 		{"counter instead of gauge", page("# TYPE vllm:num_requests_waiting counter", "vllm:num_requests_waiting 3", running5, kvV1), DefaultMetricNames(), PodMetrics{}, wire.ScrapeInvalidValue, "type counter"},

@@ -35,11 +35,10 @@ type Scraper struct {
 	Names        MetricNames
 	// AskForNames adds Prometheus' name[] query parameters naming the
 	// families read, so a server that honours them renders only those:
-	// prometheus_client's own handlers do (exposition.py _bake_output,
-	// restricted_registry), and a 30-100 KB page shrinks to about 1 KB,
-	// which saves the pod most of its rendering work. Current vLLM does
-	// not: its /metrics is prometheus-fastapi-instrumentator's route
-	// (vllm/entrypoints/serve/instrumentator/metrics.py), which renders
+	// prometheus_client's own handlers do (through a restricted
+	// registry), and a 30-100 KB page shrinks to about 1 KB, which saves
+	// the pod most of its rendering work. Current vLLM does not: its
+	// /metrics is prometheus-fastapi-instrumentator's route, which renders
 	// the whole registry; it is matched before prometheus_client's ASGI
 	// mount. Whole pages cost the agent a line filter before the parser
 	// (a few µs per 26 KB page), so the agent asks anyway.
