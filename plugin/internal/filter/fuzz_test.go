@@ -14,8 +14,9 @@ import (
 // encoding/json) to a valid model name and whose Stream is true exactly
 // when encoding/json's last "stream" is true, or a *RequestError with a known
 // Reason that agrees with encoding/json about whether the body is JSON.
-// Corpus: testdata/fuzz/FuzzParseRequest (the request rows of BAD-INPUTS.md
-// and what fuzzing found).
+// Corpus: testdata/fuzz/FuzzParseRequest (the malformed bodies of
+// TestParseRequestRejects, named rowNN after its cases, and what fuzzing
+// found).
 func FuzzParseRequest(f *testing.F) {
 	for _, s := range []string{
 		`{"model":"llama","messages":[{"role":"user","content":"hi"}],"stream":true}`,

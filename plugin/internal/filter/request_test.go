@@ -57,8 +57,10 @@ func TestParseRequestAccepts(t *testing.T) {
 	}
 }
 
-// TestParseRequestRejects covers the request rows of BAD-INPUTS.md that the
-// parser decides (rows 1-7, 9, 12) and more.
+// TestParseRequestRejects covers every malformed body the parser decides
+// (the "row N" cases are the ones the end-to-end bad-input test
+// e2e/filtertest TestBadInputRequests sends through the real module too)
+// and more.
 func TestParseRequestRejects(t *testing.T) {
 	cases := []struct {
 		name string

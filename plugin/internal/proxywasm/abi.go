@@ -8,7 +8,7 @@ import (
 // LogLevel is a proxy-wasm log level, as returned by GetLogLevel.
 type LogLevel uint32
 
-// Log levels [proxy-wasm spec abi-versions/v0.2.1, proxy_log].
+// Log levels, as the proxy-wasm ABI 0.2.1 numbers them (proxy_log).
 const (
 	LogLevelTrace LogLevel = iota
 	LogLevelDebug
@@ -36,9 +36,9 @@ func (l LogLevel) String() string {
 	return "level(" + strconv.FormatUint(uint64(l), 10) + ")"
 }
 
-// ABI enumerations [proxy-wasm spec abi-versions/v0.2.1; cpp-host
-// include/proxy-wasm/context_interface.h WasmBufferType, WasmHeaderMapType,
-// WasmStreamType, MetricType].
+// ABI enumerations, as the proxy-wasm ABI 0.2.1 and proxy-wasm-cpp-host
+// number them (buffer, header map, stream and metric types; e2e/envoyhost
+// emulates the host, citing its source).
 const (
 	bufferHttpRequestBody      = 0
 	bufferHttpResponseBody     = 1

@@ -4,9 +4,9 @@ package proxywasm
 
 import "github.com/tetratelabs/proxy-wasm-go-sdk/proxywasm/types"
 
-// Callbacks the host calls, ABI 0.2.1. Names and signatures follow
-// proxy-wasm-cpp-host include/proxy-wasm/wasm.h (WasmCallVoid<N>/WasmCallWord<N>:
-// N i32 parameters, no result or one i32 result) and src/wasm.cc getFunctions.
+// Callbacks the host calls, ABI 0.2.1. Names and signatures are those
+// proxy-wasm-cpp-host looks up (N i32 parameters, no result or one i32
+// result; e2e/envoyhost checks a module against the same table).
 // Booleans (end_of_stream, results of on_vm_start/on_configure/on_done) are i32.
 
 // vm is the dispatcher of this VM; buffers pins host-allocated memory.
@@ -35,7 +35,7 @@ func boolToU32(b bool) uint32 {
 }
 
 // proxy_abi_version_0_2_1 marks the ABI the module speaks; the host picks the
-// first such export [cpp-host src/bytecode_util.cc getAbiVersion].
+// first such export, as proxy-wasm-cpp-host does.
 //
 //go:wasmexport proxy_abi_version_0_2_1
 func proxyABIVersion021() {}

@@ -27,7 +27,8 @@
 // be called from init: Envoy allows only logging and some WASI calls during
 // _initialize (other proxy_* calls fail as "restricted_callback").
 //
-// # Rules this binding keeps (see /work/shared/ENVOY-FACTS.md)
+// # Rules this binding keeps (Envoy's and proxy-wasm-cpp-host's behaviour,
+// emulated with sources in e2e/envoyhost)
 //   - Buffers the host allocates through proxy_on_memory_allocate stay
 //     referenced from a table until the host call that asked for them returns
 //     and the binding has taken them; leftovers are dropped when the outermost

@@ -317,8 +317,8 @@ func GetSharedDataInto(buf []byte, key string) (value []byte, cas uint32, err er
 }
 
 // SetSharedData forwards to the SDK. Envoy treats cas 0 as "write
-// unconditionally" (proxy-wasm-cpp-host src/shared_data.cc: the check runs
-// only when cas != 0), while the SDK's emulator refuses cas 0 on an existing
+// unconditionally" (proxy-wasm-cpp-host checks cas only when it is not
+// 0; e2e/envoyhost emulates it), while the SDK's emulator refuses cas 0 on an existing
 // key; fetching the current cas first gives plugins Envoy's semantics here.
 func SetSharedData(key string, data []byte, cas uint32) error {
 	if cas == 0 {

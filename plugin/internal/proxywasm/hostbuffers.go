@@ -15,8 +15,8 @@ var ErrHostBuffer = errors.New("proxywasm: host returned data outside a buffer i
 // writes results into guest memory after proxy_on_memory_allocate returns and
 // before the host call returns; nothing on the Go side points at that memory in
 // between, so without this table the GC could reuse it. A host call that
-// returns data allocates at most once [cpp-host src/exports.cc,
-// WasmBase::copyToPointerSize], so the table usually holds 0 or 1 entries: a
+// returns data allocates at most once (proxy-wasm-cpp-host copies each
+// result with one allocation), so the table usually holds 0 or 1 entries: a
 // short slice, searched linearly, costs far less than a map in a Wasm guest.
 type hostBuffers struct {
 	pinned []pinnedBuffer

@@ -141,7 +141,8 @@ func getBuffer(bufferType uint32, start, maxSize int) ([]byte, error) {
 }
 
 // setBuffer calls proxy_set_buffer_bytes: (0, wholeBuffer) replaces, (0, 0)
-// prepends, (wholeBuffer, 0) appends [ENVOY-FACTS: set_buffer_bytes].
+// prepends, (wholeBuffer, 0) appends, as Envoy's set_buffer_bytes reads
+// them (e2e/envoyhost emulates it).
 func setBuffer(bufferType, start, size uint32, data []byte) error {
 	return statusToError(proxySetBufferBytes(bufferType, start, size, bytesData(data), uint32(len(data))))
 }

@@ -4,9 +4,9 @@ package proxywasm
 
 import "unsafe"
 
-// Host calls, ABI 0.2.1. Signatures follow proxy-wasm-cpp-host
-// include/proxy-wasm/exports.h (every Word is an i32 in wasm32; metric values
-// are i64). Out-parameters are *uint32 because the host writes 32-bit words,
+// Host calls, ABI 0.2.1. Signatures are proxy-wasm-cpp-host's (every Word
+// is an i32 in wasm32; metric values are i64), the import table
+// e2e/envoyhost holds a module to. Out-parameters are *uint32 because the host writes 32-bit words,
 // while Go's int and uintptr are 64-bit on GOARCH=wasm.
 //
 // Out-parameters always point at package-level variables (hostcalls_wasip1.go),

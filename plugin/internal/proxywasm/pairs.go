@@ -8,8 +8,7 @@ import (
 )
 
 // Limits the host applies when it parses pairs from the guest; beyond them it
-// silently uses an empty map [proxy-wasm-cpp-host include/proxy-wasm/limits.h,
-// src/pairs_util.cc PairsUtil::toPairs].
+// silently uses an empty map (proxy-wasm-cpp-host's pair limits).
 const (
 	MaxPairsCount = 1024
 	MaxPairsBytes = 1 << 20
@@ -124,7 +123,7 @@ func malformed(what string, n int) error {
 }
 
 // appendPropertyPath appends the property path encoding: segments joined by
-// NUL [proxy-wasm spec, proxy_get_property].
+// NUL, as the proxy-wasm ABI defines for proxy_get_property.
 func appendPropertyPath(dst []byte, path []string) ([]byte, error) {
 	if len(path) == 0 {
 		return dst, ErrEmptyPropertyPath

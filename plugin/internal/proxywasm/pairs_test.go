@@ -11,7 +11,8 @@ import (
 )
 
 // encodeByHand builds the pairs encoding field by field, independently of
-// appendPairs, as ENVOY-FACTS describes it.
+// appendPairs: a count, then every key and value size, then every key and
+// value, each followed by a NUL.
 func encodeByHand(pairs [][2]string) []byte {
 	var b []byte
 	b = binary.LittleEndian.AppendUint32(b, uint32(len(pairs)))

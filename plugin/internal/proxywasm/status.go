@@ -6,7 +6,7 @@ import (
 	"github.com/tetratelabs/proxy-wasm-go-sdk/proxywasm/types"
 )
 
-// Host status codes, proxy-wasm WasmResult [proxy-wasm-cpp-sdk proxy_wasm_common.h].
+// Host status codes, the proxy-wasm ABI's WasmResult values.
 const (
 	statusOK                   = 0
 	statusNotFound             = 1

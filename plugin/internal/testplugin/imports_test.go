@@ -70,8 +70,8 @@ func TestWasmImportsAllowed(t *testing.T) {
 }
 
 // TestWasmExports checks the callbacks the binding exports, with the
-// signatures cpp-host looks them up with (include/proxy-wasm/wasm.h:
-// WasmCallVoid<N> / WasmCallWord<N>, all i32).
+// signatures cpp-host looks them up with (N parameters and at most one
+// result, all i32).
 func TestWasmExports(t *testing.T) {
 	ctx := context.Background()
 	rt := wazero.NewRuntime(ctx)
