@@ -1,5 +1,5 @@
-// Package endtoend holds wasm-epp's end-to-end tests (issue 6, and issue 5's
-// agent → receiver → router path): real processes from bin/ — vllm-sim
+// Package endtoend holds wasm-epp's end-to-end tests, the agent → receiver
+// → router path among them: real processes from bin/ — vllm-sim
 // replicas, the metrics agent, and the gateway running bin/wasm-epp.wasm
 // from a copy of envoy/envoy.yaml (real Envoy when it is on PATH, otherwise
 // bin/envoyhost) — started and stopped by package e2e/stack on free loopback

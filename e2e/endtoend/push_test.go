@@ -75,7 +75,7 @@ func (f *fakeReplica) metrics(w http.ResponseWriter, _ *http.Request) {
 		"vllm:lora_requests_info{max_lora=\"4\",running_lora_adapters=\"\",waiting_lora_adapters=\"\"} 1.7e9\n")
 }
 
-// TestAgentPushDrivesRouting is issue 5's end-to-end path: real HTTP
+// TestAgentPushDrivesRouting is the metrics path end to end: real HTTP
 // servers serve metrics, the real agent scrapes them and pushes into the
 // real plugin's receiver in the gateway, and the plugin's routing follows
 // the metrics as they change.

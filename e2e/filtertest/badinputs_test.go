@@ -15,10 +15,10 @@ import (
 	"github.com/wasm-epp/wasm-epp/e2e/envoyhost"
 )
 
-// TestBadInputRequests runs every request row (1-16) of
-// /work/shared/BAD-INPUTS.md against the real module: status, the JSON
-// error body, the access log's response code details, and shared data left
-// exactly as the last push wrote it.
+// TestBadInputRequests sends every bad request we know of (rows 1-16,
+// numbered as in plugin/internal/filter's parser tests) through the real
+// module: status, the JSON error body, the access log's response code
+// details, and shared data left exactly as the last push wrote it.
 func TestBadInputRequests(t *testing.T) {
 	s := startStack(t, routerConfig, 2, func(c *envoyhost.Config) { c.AdminAddress = "127.0.0.1:0" })
 	s.setPods(podState{max: 4}, podState{max: 4})

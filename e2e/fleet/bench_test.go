@@ -7,7 +7,7 @@ import (
 	"github.com/wasm-epp/wasm-epp/scheduler"
 )
 
-// BenchmarkTenMinutesAt200QPS is issue 8's speed target: scenario (a), 8
+// BenchmarkTenMinutesAt200QPS is the simulation's speed target: scenario (a), 8
 // replicas, 10 simulated minutes of arrivals at 200 req/s (then the drain),
 // routed by the decision tree against 50 ms scrapes. Budget: 20 s per op.
 func BenchmarkTenMinutesAt200QPS(b *testing.B) {

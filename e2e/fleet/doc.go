@@ -1,4 +1,4 @@
-// Package fleet is the routing-quality benchmark of issue 8: a discrete-event
+// Package fleet is the routing-quality benchmark: a discrete-event
 // simulation, in virtual time, of a gateway routing an open-loop LLM workload
 // over N simulated vLLM replicas (e2e/vllmsim), with the routing decision
 // made by the real scheduler package or by Envoy's own load balancers.

@@ -10,10 +10,9 @@ import (
 
 // LLMDApprox re-implements llm-d's approximate prefix index (its
 // approx-prefix-cache-producer feeding prefix-cache-scorer) from its
-// documented behaviour and defaults (llm-d-router
-// pkg/epp/framework/plugins/.../approximateprefix/README.md, prefixhash,
-// indexer, scorer READMEs; summarised in PREFIX-FACTS.md section C), for
-// the fleet benchmark's comparison. It is not code of theirs.
+// documented behaviour and defaults (the READMEs of its approximate
+// prefix plugin, prefix hashing, indexer and scorer), for the fleet
+// benchmark's comparison. It is not code of theirs.
 //
 //   - Blocks of BlockTokens tokens (16 by default, clamped up to 64 at
 //     request time, so 64), the trailing partial block included; at most
@@ -165,7 +164,7 @@ func endpointPosition(snap *scheduler.Snapshot, e *scheduler.Endpoint) int {
 }
 
 // LLMDProfile is llm-d's built-in profile when no configuration is given
-// (pkg/epp/config/loader/defaults.go): queue-scorer 2,
+// (its configuration loader's defaults): queue-scorer 2,
 // kv-cache-utilization-scorer 2, prefix-cache-scorer 3, max-score picker.
 // The scheduler's queue and KV scorers are upstream's, as llm-d's are.
 func LLMDProfile() scheduler.Config {

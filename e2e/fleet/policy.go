@@ -204,8 +204,7 @@ func (p *schedulerPolicy) Route(req *scheduler.Request, v *View) (int, scheduler
 }
 
 // EnvoyLeastRequestPolicy emulates Envoy's least-request balancer for hosts
-// of equal weight (source/extensions/load_balancing_policies/least_request/
-// least_request_lb.cc, unweightedHostPick): draw Choices hosts uniformly at
+// of equal weight (its unweighted host pick): draw Choices hosts uniformly at
 // random, independently (the same host may be drawn twice), and keep the one
 // with the fewest active requests, the first drawn on ties. Active requests
 // are the gateway's own count, so they are never stale.

@@ -370,7 +370,7 @@ func (rep *Report) loraRule() string {
 }
 
 // hasLoRATargets reports whether a scenario without shared prefixes (where
-// issue 8's targets apply) was swept.
+// the routing-quality targets apply) was swept.
 func (rep *Report) hasLoRATargets() bool {
 	for _, sr := range rep.Results {
 		if !sr.Scenario.SharesPrefixes() {
@@ -458,7 +458,7 @@ func (rep *Report) dropTable(sr *ScenarioResult) string {
 	return b.String()
 }
 
-// Target policies of issue 8.
+// Policies the routing-quality targets are about.
 const (
 	targetPolicy  = "decision-tree"
 	scoringPolicy = "scoring"
@@ -466,7 +466,7 @@ const (
 
 var baselinePolicies = []string{"round-robin", EnvoyLeastRequest, "least-request", "random"}
 
-// targets checks issue 8's targets at the knee: p90 TPOT (and NTPOT) of
+// targets checks the routing-quality targets at the knee: p90 TPOT (and NTPOT) of
 // decision-tree at least 3× better than round-robin and least-request;
 // scoring at least matching decision-tree.
 func (rep *Report) targets(knee float64) string {
@@ -508,7 +508,7 @@ func (rep *Report) targets(knee float64) string {
 }
 
 // kneeMetrics are the figures compared at the knee; the first two carry
-// issue 8's targets.
+// the targets.
 var kneeMetrics = []struct {
 	name string
 	f    func(*Result) time.Duration
@@ -518,7 +518,7 @@ var kneeMetrics = []struct {
 	{"p90 e2e", func(r *Result) time.Duration { return r.E2E.P90 }},
 }
 
-// verdicts states, per scenario, whether issue 8's targets hold: decision-tree
+// verdicts states, per scenario, whether the targets hold: decision-tree
 // at least 3× better than round-robin and both least-request policies at the
 // knee, and scoring no worse than decision-tree at the knee and at every
 // swept load.

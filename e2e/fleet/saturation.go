@@ -110,7 +110,7 @@ type policyFunc func(req *scheduler.Request, v *View) (int, scheduler.Outcome)
 
 func (f policyFunc) Route(req *scheduler.Request, v *View) (int, scheduler.Outcome) { return f(req, v) }
 
-// RealityCheck is the calibration figure of issue 8: one Llama-2-7B H100
+// RealityCheck is the simulation's calibration figure: one Llama-2-7B H100
 // replica, base model only, saturated with ShareGPT (published ≈26 req/s,
 // ≈6.0k output tok/s, GAIE sample.json). Same call as vllmsim's
 // calibration test.

@@ -10,7 +10,7 @@ import (
 	"github.com/wasm-epp/wasm-epp/plugin/config"
 )
 
-// The shape `make run` starts (issue 6): 4 replicas serving 10 adapters with
+// The shape `make run` starts: 4 replicas serving 10 adapters with
 // 4 adapter slots each, the agent, and the gateway on the template's ports.
 const (
 	LocalReplicas    = 4

@@ -21,7 +21,8 @@ func BenchmarkReplicaSaturation(b *testing.B) {
 	b.ReportMetric(float64(steps)/float64(b.N), "steps/op")
 }
 
-// BenchmarkFleetShape is the replica-model share of issue 8's speed target:
+// BenchmarkFleetShape is the replica-model share of the fleet simulation's
+// speed target (e2e/fleet BenchmarkTenMinutesAt200QPS):
 // 8 replicas, max_loras 4, 10 adapters, 200 QPS of ShareGPT for 10 simulated
 // minutes, round-robin dispatch, and every replica's Metrics sampled every
 // 50 ms as the fleet simulation's scrape does. The budget for the whole

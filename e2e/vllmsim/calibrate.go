@@ -22,7 +22,7 @@ type Throughput struct {
 // Saturation drives one replica with the workload (whose rate should exceed
 // the replica's capacity) for warmup+window of virtual time and reports the
 // throughput over the window: the replica's saturation throughput. This is
-// the "check against reality" of issue 8: ≈26 req/s and ≈6.0k output tok/s
+// the fleet benchmark's check against reality: ≈26 req/s and ≈6.0k output tok/s
 // for Llama-2-7B on an H100 under ShareGPT (GAIE sample.json).
 func Saturation(cfg ReplicaConfig, wl WorkloadConfig, warmup, window time.Duration) (Throughput, error) {
 	r, err := NewReplica(cfg)

@@ -12,7 +12,7 @@
 // load time and a per-step slowdown with the number of distinct adapters.
 // Requests for an adapter that has no slot wait (and are listed as waiting
 // adapters) without blocking other requests, as vLLM's scheduler skips
-// them. Step times follow ../shared/SIM-PARAMS.md, with cached prompt
+// them. Step times follow published vLLM figures, with cached prompt
 // tokens left out of the prefill. The fleet simulation of the routing
 // benchmark and the HTTP simulator both use it:
 //

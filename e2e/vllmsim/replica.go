@@ -80,8 +80,8 @@ func ParseLoRAAdmission(s string) (LoRAAdmission, error) {
 }
 
 // AdapterLoadConfig prices bringing an adapter into one of the MaxLoRAs GPU
-// slots (SIM-PARAMS.md: ≈1.5 ms + size/2 MB per µs from CPU memory, 0.1–1 s
-// from disk). The load runs inside the step that first needs the adapter, as
+// slots (published figures: ≈1.5 ms + size/2 MB per µs from CPU memory,
+// 0.1–1 s from disk). The load runs inside the step that first needs the adapter, as
 // vLLM activates adapters before the forward pass.
 type AdapterLoadConfig struct {
 	// Base is the fixed cost of a load from CPU memory.
@@ -98,7 +98,7 @@ type AdapterLoadConfig struct {
 	DiskLoad time.Duration
 }
 
-// DefaultReplicaConfig returns the SIM-PARAMS.md defaults for a profile:
+// DefaultReplicaConfig returns vLLM's defaults for a profile:
 // max_num_seqs 256, 2048 tokens per step, block size 16 with prefix caching
 // on (vLLM V1's defaults), the profile's KV capacity and max_model_len, no
 // LoRA (set MaxLoRAs to enable it; waiting requests skip as in vLLM), slowdown

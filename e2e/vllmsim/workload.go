@@ -24,7 +24,7 @@ type LengthDist struct {
 }
 
 // ShareGPTInput matches the prompt lengths of ShareGPT as the LPG tool uses
-// it (GAIE site-src/performance/benchmark/sample.json, SIM-PARAMS.md):
+// it (GAIE site-src/performance/benchmark/sample.json):
 // median 109, p90 714, max 1024. The p75 knot (475, derived) makes the mean
 // 252 as published; the minimum 4 follows vLLM's benchmark sampler, which
 // drops ShareGPT prompts shorter than 4 tokens.

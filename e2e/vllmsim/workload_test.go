@@ -16,7 +16,7 @@ func TestShareGPTLengthsMatchPublishedQuantiles(t *testing.T) {
 		dist                   LengthDist
 		mean, median, p90, max float64
 	}{
-		// SIM-PARAMS.md, Workloads: input 252/109/714 max 1024, output
+		// Published ShareGPT figures: input 252/109/714 max 1024, output
 		// 225/144/564 max 1025 (mean/median/p90).
 		{"input", ShareGPTInput, 252, 109, 714, 1024},
 		{"output", ShareGPTOutput, 225, 144, 564, 1025},

@@ -1,4 +1,4 @@
-// Command fleetbench is the routing-quality benchmark (issue 8): it sweeps the
+// Command fleetbench is the routing-quality benchmark: it sweeps the
 // fleet simulation (package e2e/fleet) over scenarios, loads and routing
 // policies and writes RESULTS.md, results.csv and SVG plots.
 //
@@ -140,7 +140,7 @@ func run(args []string) error {
 }
 
 // single runs each scenario and policy once at an absolute rate: the speed
-// check of issue 8 and quick experiments.
+// check (BenchmarkTenMinutesAt200QPS's run) and quick experiments.
 func single(scs []fleet.Scenario, pols []fleet.PolicySpec, qps float64, seed uint64, warmup, window, scrape time.Duration, gateways, gatewayVMs int) error {
 	for _, sc := range scs {
 		for _, p := range pols {

@@ -53,7 +53,7 @@ func parseFlags(args []string) (options, error) {
 	fs.StringVar(&o.adapters, "adapters", "", "comma-separated LoRA adapter names that may be requested as the model")
 	fs.IntVar(&o.maxLoRAs, "max-loras", 4, "adapters per batch (vLLM max_loras); used when --adapters is set")
 	fs.IntVar(&o.maxCPULoRAs, "max-cpu-loras", 0, "adapters kept in CPU memory (0: all); others load from disk in --lora-disk-load")
-	fs.DurationVar(&o.loraDiskLoad, "lora-disk-load", 0, "extra load time for an adapter not in CPU memory (virtual time; SIM-PARAMS: 0.1s-1s)")
+	fs.DurationVar(&o.loraDiskLoad, "lora-disk-load", 0, "extra load time for an adapter not in CPU memory (virtual time; published figures: 0.1s-1s)")
 	fs.StringVar(&o.profile, "model-profile", vllmsim.Llama2_7B.Name, "step-time and KV profile: llama-2-7b | llama-3.1-8b")
 	fs.IntVar(&o.maxNumSeqs, "max-num-seqs", 256, "running sequences cap (vLLM max_num_seqs)")
 	fs.IntVar(&o.maxBatchedTokens, "max-num-batched-tokens", 2048, "token budget per engine step (chunked prefill)")
