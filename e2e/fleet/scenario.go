@@ -137,7 +137,7 @@ func Fixed(n float64) vllmsim.LengthDist {
 }
 
 // SharedContextScenario is scenario (d), the shape of llm-d's published
-// prefix benchmark (../shared/PREFIX-FACTS.md, D): 150 groups, each with its
+// prefix benchmark: 150 groups, each with its
 // own 6,000-token context, every request its group's context plus a new
 // 1,200-token question, 1,000 output tokens, on 8 replicas. The contexts
 // need a long-context model: Llama-3.1-8B (467k tokens of KV per replica;
