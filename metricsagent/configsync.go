@@ -5,6 +5,7 @@ import (
 	"context"
 	"log/slog"
 	"slices"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -30,7 +31,9 @@ type ConfigSync struct {
 	pool    atomic.Pointer[InferencePool]
 	built   atomic.Bool
 
-	// Only Run's goroutine touches these.
+	// mu serializes rebuilds (Run's, and callers' of Rebuild); it guards
+	// the fields below.
+	mu          sync.Mutex
 	last        map[string]Verdict // by ID
 	lastPoolErr string
 	lastPoolRV  string
@@ -96,6 +99,8 @@ func (c *ConfigSync) Built() bool { return c.built.Load() }
 
 // Rebuild reads the source and rebuilds pool and table (Run calls it).
 func (c *ConfigSync) Rebuild() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
 	pools, objectives, rewrites, rev, synced := c.src.Snapshot()
 	if !synced {
 		return
