@@ -119,12 +119,10 @@ func (t *crdTable) refresh() {
 	logConfigApplied(rec)
 }
 
-//go:noinline
 func logConfigError(err error) {
 	proxywasm.LogErrorf("wasm-epp: stored model table unreadable, keeping the previous one: %v", err)
 }
 
-//go:noinline
 func logConfigApplied(rec *wire.DecodedConfig) {
 	proxywasm.LogInfof("wasm-epp: model table of pool %s/%s applied: %d rewritten models, default rule %t, %d objectives (revisions %s, from agent %q)",
 		rec.PoolNamespace, rec.PoolName, len(rec.Table.Rewrites), len(rec.Table.Default) > 0, len(rec.Table.Objectives),
@@ -165,56 +163,4 @@ func pair(name string, ts []wire.WeightedTarget) *[2]model {
 	p := &[2]model{m, m}
 	p[critIdx].crit, p[shedIdx].crit = scheduler.Critical, scheduler.Sheddable
 	return p
-}
-
-// lookupKnown finds a model name by its bytes for the request parser: in
-// the active table when there is one, else among the bootstrap models.
-func (r *Router) lookupKnown(b []byte) (string, bool) {
-	if a := r.crd.active; a != nil {
-		if m, ok := a.models[string(b)]; ok { // no allocation for the lookup
-			return m[0].name, true
-		}
-		return "", false
-	}
-	if m, ok := r.models[string(b)]; ok {
-		return m.name, true
-	}
-	return "", false
-}
-
-// resolveModel returns the model a request for name is served as: from the
-// active table (always found), else from the bootstrap models.
-func (r *Router) resolveModel(name string) (*model, bool) {
-	a := r.crd.active
-	if a == nil {
-		m, ok := r.models[name]
-		return m, ok
-	}
-	idx := critIdx
-	if len(a.objectives) > 0 && r.requestObjective(a) == scheduler.Sheddable {
-		idx = shedIdx
-	}
-	if m, ok := a.models[name]; ok {
-		return &m[idx], true
-	}
-	if a.def != nil {
-		return &a.def[idx], true
-	}
-	return &a.unchanged[idx], true
-}
-
-// requestObjective is the criticality of the objective the request's header
-// names (Critical when it names none the table has).
-func (r *Router) requestObjective(a *activeTable) scheduler.Criticality {
-	for _, h := range [...]string{objectiveHeader, legacyObjectiveHeader} {
-		v, err := proxywasm.GetHttpRequestHeaderInto(r.headerBuf[:0], h)
-		if err != nil || len(v) == 0 {
-			continue
-		}
-		if c, ok := a.objectives[string(v)]; ok { // no allocation for the lookup
-			return c
-		}
-		return scheduler.Critical
-	}
-	return scheduler.Critical
 }

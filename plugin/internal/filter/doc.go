@@ -11,7 +11,10 @@
 //   - http.go: httpContext, one request; its callbacks in the order Envoy
 //     calls them are the request path below.
 //   - router.go: Router, the per-VM state and every step the callbacks hand
-//     it (snapshot cache, decision, counting, destinations).
+//     it (model resolution, snapshot cache, decision, counting,
+//     destinations).
+//   - crdtable.go: the model table agents publish from Kubernetes objects,
+//     which replaces the configured models while one is stored.
 //   - request.go and jsonscan.go: ParseRequest, the body check in one pass.
 //   - reply.go: the local replies (table below) and their JSON bodies.
 //   - clock.go: the clock and log-level reads, cached to spare host calls.
