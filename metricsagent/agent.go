@@ -21,6 +21,7 @@ type Agent struct {
 	envoys   EnvoyTargets
 	pusher   *Pusher
 	config   *ConfigPublisher
+	before   func()
 	now      func() time.Time
 	log      *slog.Logger
 	metrics  *Metrics
@@ -67,11 +68,14 @@ type Options struct {
 	Pusher     *Pusher
 	// Config, when set, publishes the configuration record each cycle to
 	// the same Envoy targets.
-	Config  *ConfigPublisher
-	Now     func() time.Time
-	Log     *slog.Logger
-	Metrics *Metrics
-	Limits  wire.Limits
+	Config *ConfigPublisher
+	// BeforeCycle, when set, runs at the start of every cycle (the objects
+	// file is read there, so its changes go out in the same cycle).
+	BeforeCycle func()
+	Now         func() time.Time
+	Log         *slog.Logger
+	Metrics     *Metrics
+	Limits      wire.Limits
 }
 
 // NewAgent builds an agent.
@@ -81,7 +85,7 @@ func NewAgent(o Options) *Agent {
 	}
 	return &Agent{
 		id: o.AgentID, interval: o.Interval, disc: o.Discoverer, scraper: o.Scraper,
-		envoys: o.Envoys, pusher: o.Pusher, config: o.Config, now: o.Now, log: o.Log, metrics: o.Metrics, limits: o.Limits,
+		envoys: o.Envoys, pusher: o.Pusher, config: o.Config, before: o.BeforeCycle, now: o.Now, log: o.Log, metrics: o.Metrics, limits: o.Limits,
 		// The sequence starts at the current Unix time in nanoseconds and
 		// then grows by one per push. A restarted agent therefore starts
 		// above anything its previous run sent (that run would have needed
@@ -180,6 +184,9 @@ type scrapeResult struct {
 // pushers. It returns the payload handed over (nil if none).
 func (a *Agent) Cycle(ctx context.Context) []byte {
 	start := time.Now()
+	if a.before != nil {
+		a.before()
+	}
 	targets := a.disc.Targets()
 	seen := make(map[TargetKey]bool, len(targets))
 	targets = slices.DeleteFunc(slices.Clone(targets), func(t Target) bool { // one scrape per target and cycle

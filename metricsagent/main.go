@@ -73,7 +73,7 @@ func run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	if err != nil {
 		return err
 	}
-	sync, err := newConfigSync(ctx, cfg, kube, log, metrics)
+	sync, beforeCycle, err := newConfigSync(ctx, cfg, kube, log, metrics)
 	if err != nil {
 		return err
 	}
@@ -101,7 +101,7 @@ func run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	agent := NewAgent(Options{
 		AgentID: cfg.AgentID, Interval: cfg.Interval, Discoverer: disc,
 		Scraper: &Scraper{Timeout: cfg.ScrapeTimeout, MaxBodyBytes: cfg.MaxBodyBytes, Names: cfg.Names, AskForNames: cfg.AskForNames},
-		Envoys:  envoys, Pusher: pusher, Config: publisher, Log: log, Metrics: metrics,
+		Envoys:  envoys, Pusher: pusher, Config: publisher, BeforeCycle: beforeCycle, Log: log, Metrics: metrics,
 	})
 
 	ln, err := net.Listen("tcp", cfg.Listen)
@@ -174,28 +174,29 @@ func newKubeClients(cfg Config) (*kubeClients, error) {
 }
 
 // newConfigSync starts reading the pool's objects (nil without
-// --inference-pool) and waits for them once.
-func newConfigSync(ctx context.Context, cfg Config, kube *kubeClients, log *slog.Logger, m *Metrics) (*ConfigSync, error) {
+// --inference-pool) and waits for them once. With --test-objects-file it
+// also returns the function each cycle starts with: it reads the file.
+func newConfigSync(ctx context.Context, cfg Config, kube *kubeClients, log *slog.Logger, m *Metrics) (*ConfigSync, func(), error) {
 	if cfg.InferencePool == "" {
-		return nil, nil
+		return nil, nil, nil
 	}
 	ns, name, err := ParsePoolName(cfg.InferencePool)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	opts := ConfigSyncOptions{PoolNamespace: ns, PoolName: name, AgentID: cfg.AgentID, Log: log, Metrics: m}
 	var status *StatusWriter
+	var fileSource *FileObjectSource
 	if cfg.TestObjectsFile != "" {
-		src, err := NewFileObjectSource(cfg.TestObjectsFile, cfg.Interval, log)
+		src, err := NewFileObjectSource(cfg.TestObjectsFile)
 		if err != nil {
-			return nil, fmt.Errorf("--test-objects-file: %w", err)
+			return nil, nil, fmt.Errorf("--test-objects-file: %w", err)
 		}
-		go src.Run(ctx)
-		opts.Source = src
+		opts.Source, fileSource = src, src
 	} else {
 		src := NewKubeObjectSource(kube.dyn, ns, Served(kube.disco), log)
 		if err := src.Start(ctx, time.Minute); err != nil {
-			return nil, err
+			return nil, nil, err
 		}
 		opts.Source = src
 		if cfg.WriteStatus {
@@ -206,7 +207,23 @@ func newConfigSync(ctx context.Context, cfg Config, kube *kubeClients, log *slog
 	opts.Status = status
 	sync := NewConfigSync(opts)
 	go sync.Run(ctx)
-	return sync, nil
+	if fileSource == nil {
+		return sync, nil, nil
+	}
+	var lastErr string
+	return sync, func() {
+		changed, err := fileSource.Poll()
+		switch {
+		case err != nil:
+			if err.Error() != lastErr {
+				log.Warn("objects file unreadable; keeping the objects read before", "file", cfg.TestObjectsFile, "err", err)
+			}
+			lastErr = err.Error()
+		case changed:
+			lastErr = ""
+			sync.Rebuild()
+		}
+	}, nil
 }
 
 // statusJitter spreads the agents' status writes (see StatusWriter).

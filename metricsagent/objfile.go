@@ -2,14 +2,11 @@ package metricsagent
 
 import (
 	"bytes"
-	"context"
 	"encoding/json"
 	"fmt"
-	"log/slog"
 	"os"
 	"regexp"
 	"sync"
-	"time"
 
 	"sigs.k8s.io/yaml"
 
@@ -19,14 +16,12 @@ import (
 // FileObjectSource reads InferencePool, InferenceObjective and
 // InferenceModelRewrite objects from one multi-document YAML file (the
 // same YAML kubectl would apply), for tests and local runs without a
-// cluster. The file is read again whenever its contents change; each change
-// gets a new revision, above the last and at least the file's modification
-// time, so a restarted agent reading a changed file is ahead of its previous
-// run.
+// cluster. The agent reads the file again at the start of every cycle
+// (Poll), so a change is pushed by that very cycle; each change gets a new
+// revision, above the last and at least the file's modification time, so a
+// restarted agent reading a changed file is ahead of its previous run.
 type FileObjectSource struct {
 	path    string
-	poll    time.Duration
-	log     *slog.Logger
 	changed chan struct{}
 
 	mu                          sync.Mutex
@@ -37,43 +32,29 @@ type FileObjectSource struct {
 }
 
 // NewFileObjectSource reads path once; an unreadable or malformed file is an
-// error here, and later only logged (the previous objects are kept).
-func NewFileObjectSource(path string, poll time.Duration, log *slog.Logger) (*FileObjectSource, error) {
-	s := &FileObjectSource{path: path, poll: poll, log: log, changed: make(chan struct{}, 1)}
-	if err := s.load(); err != nil {
+// error here, and later only reported by Poll (the previous objects are
+// kept).
+func NewFileObjectSource(path string) (*FileObjectSource, error) {
+	s := &FileObjectSource{path: path, changed: make(chan struct{}, 1)}
+	if _, err := s.Poll(); err != nil {
 		return nil, err
 	}
 	return s, nil
 }
 
-// Run reads the file every poll interval until ctx ends.
-func (s *FileObjectSource) Run(ctx context.Context) {
-	t := time.NewTicker(s.poll)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-			if err := s.load(); err != nil {
-				s.log.Warn("objects file unreadable; keeping the objects read before", "file", s.path, "err", err)
-			}
-		}
-	}
-}
-
 var docSeparator = regexp.MustCompile(`(?m)^---[ \t]*$`)
 
-func (s *FileObjectSource) load() error {
+// Poll reads the file and reports whether its objects changed.
+func (s *FileObjectSource) Poll() (bool, error) {
 	raw, err := os.ReadFile(s.path)
 	if err != nil {
-		return err
+		return false, err
 	}
 	s.mu.Lock()
 	same := s.loaded && bytes.Equal(raw, s.raw)
 	s.mu.Unlock()
 	if same {
-		return nil
+		return false, nil
 	}
 	var pools, objectives, rewrites [][]byte
 	for i, doc := range docSeparator.Split(string(raw), -1) {
@@ -82,11 +63,11 @@ func (s *FileObjectSource) load() error {
 		}
 		js, err := yaml.YAMLToJSONStrict([]byte(doc))
 		if err != nil {
-			return fmt.Errorf("%s: document %d: %w", s.path, i+1, err)
+			return false, fmt.Errorf("%s: document %d: %w", s.path, i+1, err)
 		}
 		var env envelope
 		if err := json.Unmarshal(js, &env); err != nil {
-			return fmt.Errorf("%s: document %d: %w", s.path, i+1, err)
+			return false, fmt.Errorf("%s: document %d: %w", s.path, i+1, err)
 		}
 		switch env.Kind {
 		case KindInferencePool:
@@ -96,7 +77,7 @@ func (s *FileObjectSource) load() error {
 		case KindInferenceModelRewrite:
 			rewrites = append(rewrites, js)
 		default:
-			return fmt.Errorf("%s: document %d: kind %q is not InferencePool, InferenceObjective or InferenceModelRewrite", s.path, i+1, env.Kind)
+			return false, fmt.Errorf("%s: document %d: kind %q is not InferencePool, InferenceObjective or InferenceModelRewrite", s.path, i+1, env.Kind)
 		}
 	}
 	var mtime uint64
@@ -112,7 +93,7 @@ func (s *FileObjectSource) load() error {
 	case s.changed <- struct{}{}:
 	default:
 	}
-	return nil
+	return true, nil
 }
 
 func stripYAMLComments(doc []byte) []byte {
