@@ -337,6 +337,12 @@ func GetProperty(path []string) ([]byte, error) {
 	return sdk.GetProperty(path)
 }
 
+// GetPropertyInto is GetProperty, copied into buf's storage when it fits.
+func GetPropertyInto(buf []byte, path []string) ([]byte, error) {
+	b, err := GetProperty(path)
+	return into(buf, b), err
+}
+
 // GetPropertyMap forwards to the SDK.
 func GetPropertyMap(path []string) ([][2]string, error) {
 	b, err := GetProperty(path)

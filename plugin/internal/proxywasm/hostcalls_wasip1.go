@@ -488,6 +488,23 @@ func GetProperty(path []string) ([]byte, error) {
 	return takeReturned()
 }
 
+// GetPropertyInto is GetProperty reading into buf's storage when the value
+// fits in cap(buf) (see GetHttpRequestBodyInto).
+func GetPropertyInto(buf []byte, path []string) ([]byte, error) {
+	p, err := appendPropertyPath(scratch[:0], path)
+	if err != nil {
+		return nil, err
+	}
+	buffers.offer(buf)
+	st := proxyGetProperty(bytesData(p), uint32(len(p)), &retData, &retSize)
+	buffers.offer(nil)
+	releaseScratch(p)
+	if err := statusToError(st); err != nil {
+		return nil, err
+	}
+	return takeReturned()
+}
+
 // GetPropertyMap returns a map-typed property decoded from the pairs format.
 func GetPropertyMap(path []string) ([][2]string, error) {
 	b, err := GetProperty(path)
