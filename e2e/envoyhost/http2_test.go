@@ -11,6 +11,8 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/wasm-epp/wasm-epp/e2e/internal/h2c"
 )
 
 // HTTP/2 with prior knowledge (what codec_type AUTO detects on a cleartext
@@ -18,25 +20,13 @@ import (
 // last body callback has end_of_stream false, then on_request_trailers.
 
 // h2cClient speaks HTTP/2 with prior knowledge.
-var h2cClient = func() *http.Client {
-	var p http.Protocols
-	p.SetUnencryptedHTTP2(true)
-	return &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{Protocols: &p, DisableCompression: true}}
-}()
+var h2cClient = h2c.Client(30 * time.Second)
 
 // h2Request sends body over HTTP/2 in pieces, then the trailers (declared
 // up front, as Go's client always does).
 func (h *harness) h2Request(path string, headers map[string]string, trailers map[string]string, pieces ...string) (*http.Response, string) {
 	h.t.Helper()
-	pr, pw := io.Pipe()
-	go func() {
-		for _, p := range pieces {
-			_, _ = pw.Write([]byte(p))
-			time.Sleep(20 * time.Millisecond)
-		}
-		pw.Close()
-	}()
-	req, err := http.NewRequest("POST", h.url+path, pr)
+	req, err := http.NewRequest("POST", h.url+path, h2c.PiecewiseBody(20*time.Millisecond, pieces...))
 	require.NoError(h.t, err)
 	req.Header.Set(DefaultOriginalDstHeader, h.up.addr())
 	for k, v := range headers {

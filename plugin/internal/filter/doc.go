@@ -38,7 +38,18 @@
 //     "model" string is spliced in place when the target differs, the
 //     destination header is set to ip:port ([v6]:port), and the request
 //     continues.
-//   - on_response_headers: the optional servedByHeader names the endpoint.
+//   - on_request_trailers: a request with trailers (HTTP/2) ends here, its
+//     last body callback without end of stream. The buffered body is still
+//     readable and the headers still writable, so the request is routed
+//     here exactly as at the end of its body.
+//   - on_response_headers: a request the filter let continue is counted by
+//     where its response comes from (the response code details): from the
+//     upstream ("via_upstream") or from Envoy after forwarding (a connect
+//     failure, a reset or a timeout) it counts as routed (fail_open); from
+//     the route table ("direct_response", or no route) as direct_response,
+//     since it never went upstream. The optional servedByHeader names the
+//     endpoint only on responses from it. A request whose client leaves
+//     before any response is counted in on_log, as routed.
 //
 // # Cost per request
 //
@@ -84,9 +95,9 @@
 // Envoy shows plugin metrics as wasmcustom.<name>; names use dots so a
 // bootstrap stats_tags rule can turn the last segment into a tag:
 //
-//	wasm_epp.requests.<outcome>     counter: routed, fail_open, dropped, bad_request,
-//	                                unknown_model, too_large, no_endpoint, internal_error
-//	                                (each request counts exactly once)
+//	wasm_epp.requests.<outcome>     counter: routed, fail_open, direct_response, dropped,
+//	                                bad_request, unknown_model, too_large, no_endpoint,
+//	                                internal_error (each request counts exactly once)
 //	wasm_epp.path.<path>            counter per scheduler decision path (Scheduler.Paths,
 //	                                "/" written as "."), defined at start
 //	wasm_epp.snapshot.decodes       counter: snapshots decoded (once per change per VM)

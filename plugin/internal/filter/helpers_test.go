@@ -101,12 +101,21 @@ func newEnv(t *testing.T, cfgJSON string) *env {
 
 // startEnvOpts starts the router with opts (the fake clock is always set).
 func startEnvOpts(t *testing.T, cfgJSON string, opts Options) (*env, types.OnPluginStartStatus) {
+	return startEnvWith(t, cfgJSON, opts, nil)
+}
+
+// startEnvWith is startEnvOpts with more emulator options (properties).
+func startEnvWith(t *testing.T, cfgJSON string, opts Options, more func(*proxytest.EmulatorOption) *proxytest.EmulatorOption) (*env, types.OnPluginStartStatus) {
 	t.Helper()
 	clock := &fakeClock{now: t0}
 	opts.Now = clock.Now
-	host, reset := proxytest.NewHostEmulator(proxytest.NewEmulatorOption().
+	emu := proxytest.NewEmulatorOption().
 		WithVMContext(&testVM{opts: opts}).
-		WithPluginConfiguration([]byte(cfgJSON)))
+		WithPluginConfiguration([]byte(cfgJSON))
+	if more != nil {
+		emu = more(emu)
+	}
+	host, reset := proxytest.NewHostEmulator(emu)
 	e := &env{t: t, host: host, clock: clock, reset: reset}
 	t.Cleanup(e.close)
 	if cfg, err := config.Decode([]byte(cfgJSON)); err == nil {
@@ -215,6 +224,11 @@ func (e *env) do(hdrs [][2]string, chunks ...string) result {
 		res.headers[h[0]] = h[1]
 	}
 	res.body = string(e.host.GetCurrentRequestBody(id))
+	if action == types.ActionContinue && res.local == nil {
+		// Forwarded: the upstream's response comes back through the filter,
+		// which counts the request then.
+		e.host.CallOnResponseHeaders(id, [][2]string{{":status", "200"}}, false)
+	}
 	return res
 }
 

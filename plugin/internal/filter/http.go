@@ -26,8 +26,19 @@ type httpContext struct {
 	// finished: a decision was made (routed, or a local reply sent); later
 	// callbacks change nothing.
 	finished bool
-	// servedBy names the chosen endpoint for the optional response header.
+	// forwarded is the outcome (routed or fail_open) of a request let on
+	// with a destination; pending until the response shows whether it
+	// went upstream (countForwarded), so that each request counts once and
+	// one Envoy's route table answers counts as direct_response.
+	forwarded outcome
+	pending   bool
+	// servedBy names the chosen endpoint for the optional response header,
+	// set only on responses that came from it.
 	servedBy string
+	// bodySize is what the body callbacks buffered so far: a request with
+	// trailers ends without a body callback at end of stream.
+	bodySize int
+	sawBody  bool
 	// spent is the time spent in the request callbacks so far; recorded in
 	// wasm_epp.request_us once the request is decided.
 	spent    time.Duration
@@ -47,6 +58,7 @@ func (c *httpContext) OnHttpRequestHeaders(_ int, endOfStream bool) types.Action
 }
 
 func (c *httpContext) OnHttpRequestBody(bodySize int, endOfStream bool) types.Action {
+	c.bodySize, c.sawBody = bodySize, true
 	if !endOfStream && !c.finished && bodySize <= c.r.cfg.MaxBodyBytes {
 		return types.ActionPause // still buffering: nothing to time
 	}
@@ -56,18 +68,43 @@ func (c *httpContext) OnHttpRequestBody(bodySize int, endOfStream bool) types.Ac
 	return a
 }
 
-// OnHttpRequestTrailers: a request with trailers ends in this callback,
-// where Envoy no longer exposes the body, so it cannot be routed on.
+// OnHttpRequestTrailers: a request with trailers (HTTP/2) ends here; its
+// last body callback had no end of stream. Envoy still gives the body
+// buffered so far (the filter paused every body callback, and the request
+// body reads as the decoding buffer while buffering: envoy's Wasm context
+// getBuffer) and the request headers have not left (on_request_headers
+// paused), so the request is routed here as at the end of its body.
 func (c *httpContext) OnHttpRequestTrailers(int) types.Action {
 	if c.finished {
 		return types.ActionContinue
 	}
-	return c.refuse(outBadRequest, string(ReasonInvalidField),
-		"requests with trailers are not supported: send the JSON body without trailers")
+	c.begin()
+	var a types.Action
+	if c.sawBody {
+		a = c.onRequestBody(c.bodySize, true)
+	} else {
+		a = c.onRequestHeaders(true) // headers, then trailers: no body
+	}
+	c.account()
+	return a
 }
 
+// OnHttpResponseHeaders counts a forwarded request by where its response
+// comes from, and names the endpoint only on a response it served.
 func (c *httpContext) OnHttpResponseHeaders(int, bool) types.Action {
-	if c.servedBy != "" {
+	if !c.pending && c.servedBy == "" {
+		return types.ActionContinue
+	}
+	src := c.r.responseSource()
+	if c.pending {
+		c.pending = false
+		if src == fromRouteTable {
+			c.r.count(outDirectResponse)
+		} else {
+			c.r.count(c.forwarded)
+		}
+	}
+	if c.servedBy != "" && src == fromUpstream {
 		_ = proxywasm.ReplaceHttpResponseHeader(c.r.cfg.ServedByHeader, c.servedBy)
 	}
 	return types.ActionContinue
@@ -75,8 +112,14 @@ func (c *httpContext) OnHttpResponseHeaders(int, bool) types.Action {
 
 // OnHttpStreamDone (proxy_on_log) is the stream's last callback with the
 // context (then proxy_on_done and proxy_on_delete, which the binding
-// handles), so the context can serve another request.
-func (c *httpContext) OnHttpStreamDone() { c.r.recycle(c) }
+// handles), so the context can serve another request. A forwarded request
+// that got no response (the client went away) counts as forwarded.
+func (c *httpContext) OnHttpStreamDone() {
+	if c.pending {
+		c.r.count(c.forwarded)
+	}
+	c.r.recycle(c)
+}
 
 func (c *httpContext) begin() { c.start = c.r.clock.Since() }
 
@@ -194,7 +237,8 @@ func (c *httpContext) route(p *Parsed, m *model, body []byte, targetModel string
 	if r.cfg.ServedByHeader != "" {
 		c.servedBy = d.res.Endpoint.ID.String()
 	}
-	c.finish(d.outcome)
+	c.finished = true
+	c.forwarded, c.pending = d.outcome, true
 	return types.ActionContinue
 }
 

@@ -42,11 +42,15 @@ const (
 	outTooLarge
 	outNoEndpoint
 	outInternal
+	// outDirectResponse: the filter chose an endpoint, but Envoy's route
+	// table answered the request itself (a route's direct_response, or no
+	// route): it never went upstream.
+	outDirectResponse
 	numOutcomes
 )
 
 var outcomeNames = [numOutcomes]string{"routed", "fail_open", "dropped", "bad_request",
-	"unknown_model", "too_large", "no_endpoint", "internal_error"}
+	"unknown_model", "too_large", "no_endpoint", "internal_error", "direct_response"}
 
 // Router is the router role of one plugin context on one VM: the
 // configuration, the scheduler, the per-VM snapshot cache and the buffers
@@ -85,7 +89,8 @@ type Router struct {
 	// guest is most of the cost of reading them. Nothing read into them
 	// outlives the callback.
 	bodyBuf, versionBuf []byte
-	// headerBuf is where Content-Length is read.
+	// headerBuf is where Content-Length and the response code details are
+	// read.
 	headerBuf []byte
 	// dests caches the destination header value of each endpoint of
 	// cache.snap (same index), filled on first use.
@@ -268,6 +273,37 @@ func (r *Router) readBody(size int) ([]byte, error) {
 	}
 	return body, err
 }
+
+// responseCodeDetailsPath is the property Envoy's stream info keeps the
+// response code details under (%RESPONSE_CODE_DETAILS%).
+var responseCodeDetailsPath = []string{"response", "code_details"}
+
+// responseSource says where the response a forwarded request is getting
+// comes from: the upstream (the router's "via_upstream", or no details at
+// all, which Envoy always sets), the route table ("direct_response", or
+// "route_not_found": the request never left Envoy), or Envoy itself after
+// forwarding (upstream connect failure, reset, timeout, ...).
+func (r *Router) responseSource() responseSource {
+	d, err := proxywasm.GetPropertyInto(r.headerBuf[:0], responseCodeDetailsPath)
+	if err != nil {
+		return fromUpstream
+	}
+	switch string(d) {
+	case "via_upstream":
+		return fromUpstream
+	case "direct_response", "route_not_found":
+		return fromRouteTable
+	}
+	return fromEnvoy
+}
+
+type responseSource int
+
+const (
+	fromUpstream responseSource = iota
+	fromRouteTable
+	fromEnvoy
+)
 
 // pickTarget draws the model a request is served by.
 func (r *Router) pickTarget(m *model, requested string) string {
