@@ -53,7 +53,7 @@ bench: ## Micro-benchmarks (scheduler, plugin in the host, agent). Results go in
 
 bench-routing: cmds ## Fleet simulation: every policy on the seed's and upstream's scenarios (about 7 min); writes e2e/results/.
 	$(BIN)/fleetbench -out e2e/results
-	$(BIN)/fleetbench -scenarios a -criticality critical=0.6,standard=0.2,sheddable=0.2 -out e2e/results/mixed-criticality
+	$(BIN)/fleetbench -scenarios a -criticality critical=0.6,standard=0.2,sheddable=0.2 -compare-lora-fifo 0 -out e2e/results/mixed-criticality
 
 bench-flow: cmds ## Flow-control fleet benchmark (about 1 min): today's 429 vs the queue; writes e2e/results/flow-control/.
 	$(BIN)/flowbench -extra tree-kv1=e2e/results/flow-control/tree-kv1.json -out e2e/results/flow-control

@@ -189,3 +189,29 @@ func TestSweepWritesReport(t *testing.T) {
 	_, err = Sweep(SweepConfig{Scenarios: cfg.Scenarios, Policies: cfg.Policies, Loads: []float64{-1}})
 	assert.Error(t, err)
 }
+
+func TestReportComparesWithTheOracleAndFIFO(t *testing.T) {
+	cfg := SweepConfig{
+		Scenarios: []Scenario{smallScenario(), smallContexts()}, Loads: []float64{0.5, 1},
+		Policies: []PolicySpec{mustPolicy(t, scheduler.ProfileRandom), mustPolicy(t, scheduler.ProfileDecisionTree), mustPolicy(t, Oracle)},
+		Seed:     2, Seeds: 1, Warmup: 5 * time.Second, Window: 20 * time.Second, ScrapeInterval: DefaultScrapeInterval, Parallel: 2,
+		LoRAFIFOAt: 0.5,
+	}
+	results, err := Sweep(cfg)
+	require.NoError(t, err)
+	require.Len(t, results[0].FIFO, 3, "FIFO runs for the scenario with adapters")
+	assert.Empty(t, results[1].FIFO)
+	for _, r := range results[0].FIFO {
+		assert.Equal(t, 0.5, r.Load)
+	}
+	var md bytes.Buffer
+	require.NoError(t, (&Report{Command: "x", Config: cfg, Results: results, Knee: 1}).WriteMarkdown(&md))
+	out := md.String()
+	assert.Contains(t, out, "LoRA admission rule against pure FIFO")
+	assert.Contains(t, out, "| decision-tree |")
+	assert.Contains(t, out, "Gaps to the oracle")
+	assert.Contains(t, out, "**Random over oracle, p90 TTFT:")
+	assert.Contains(t, out, "(small-d) oracle: p90 TTFT")
+	assert.NotContains(t, out, "| (small-d) | p90 TPOT |", "issue 8's targets are for the LoRA scenarios")
+	assert.Contains(t, out, "prefix-hit-rate")
+}
