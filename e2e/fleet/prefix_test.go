@@ -297,3 +297,23 @@ func TestGatewaysKeepTheirOwnInFlightCounts(t *testing.T) {
 		Rate: 10, Seed: 1, Window: 5 * time.Second, ScrapeInterval: DefaultScrapeInterval, Gateways: 2})
 	assert.ErrorContains(t, err, "one gateway")
 }
+
+// TestBurstsOfConversations runs (e)'s traffic with bursts: the second
+// stream's conversations start only inside the bursts, every turn of a
+// conversation still comes, and arrivals stay in time order (a run would
+// fail on a request from the past).
+func TestBurstsOfConversations(t *testing.T) {
+	sc := MultiTurnScenario()
+	sc.Replica.KVCapacityTokens, sc.Replicas = 200_000, 2
+	sc.Replica.MaxModelLen = 100_000
+	sc.MinWarmup = 0
+	b := Burst{Every: 20 * time.Second, Length: 5 * time.Second, Factor: 4}
+	r, err := Run(RunConfig{Scenario: sc, Policy: mustPolicy(t, Oracle), Rate: 10, Seed: 3, Window: 60 * time.Second,
+		ScrapeInterval: DefaultScrapeInterval, Burst: b})
+	require.NoError(t, err)
+	plain, err := Run(RunConfig{Scenario: sc, Policy: mustPolicy(t, Oracle), Rate: 10, Seed: 3, Window: 60 * time.Second,
+		ScrapeInterval: DefaultScrapeInterval})
+	require.NoError(t, err)
+	assert.Greater(t, r.Arrivals, plain.Arrivals+100, "a quarter of the time at 4× the rate of new conversations")
+	assert.Positive(t, r.HitRate())
+}

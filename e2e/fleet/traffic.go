@@ -51,6 +51,9 @@ type source interface {
 	// peek is the time of the next arrival, never if there is none now
 	// (a conversation's next turn appears when its previous one ends).
 	peek() time.Duration
+	// opensNext reports whether the next arrival opens a conversation (or
+	// is open-loop): what a burst may add or leave out.
+	opensNext() bool
 	// take fills a with the next arrival.
 	take(a *arrival)
 }
@@ -80,26 +83,33 @@ type burstSource struct {
 	base, extra source
 	burst       Burst
 	seq         int
-	pending     arrival // the extra stream's next kept arrival
-	hasPending  bool
+	skipped     arrival
 }
 
+// nextExtra drops the second stream's openers outside the bursts and
+// returns the time of its next kept arrival.
 func (b *burstSource) nextExtra() time.Duration {
-	for !b.hasPending {
-		if b.extra.peek() == never {
-			return never
+	for {
+		t := b.extra.peek()
+		if t == never || !b.extra.opensNext() || b.burst.inside(t) {
+			return t
 		}
-		b.extra.take(&b.pending)
-		b.hasPending = !b.pending.opens || b.burst.inside(b.pending.at)
+		b.extra.take(&b.skipped)
 	}
-	return b.pending.at
 }
 
 func (b *burstSource) peek() time.Duration { return min(b.base.peek(), b.nextExtra()) }
 
+func (b *burstSource) opensNext() bool {
+	if b.nextExtra() < b.base.peek() {
+		return b.extra.opensNext()
+	}
+	return b.base.opensNext()
+}
+
 func (b *burstSource) take(a *arrival) {
-	if e := b.nextExtra(); e < b.base.peek() {
-		*a, b.hasPending = b.pending, false
+	if b.nextExtra() < b.base.peek() {
+		b.extra.take(a)
 	} else {
 		b.base.take(a)
 	}
@@ -146,6 +156,8 @@ type workloadSource struct {
 }
 
 func (s *workloadSource) peek() time.Duration { return s.next.At }
+
+func (s *workloadSource) opensNext() bool { return true }
 
 func (s *workloadSource) take(a *arrival) {
 	n := s.next
@@ -249,6 +261,8 @@ type contextSource struct {
 
 func (s *contextSource) peek() time.Duration { return s.nextAt }
 
+func (s *contextSource) opensNext() bool { return true }
+
 func (s *contextSource) take(a *arrival) {
 	g := s.draws.IntN(s.cfg.Groups)
 	if s.contexts[g] == nil {
@@ -311,6 +325,8 @@ type systemSource struct {
 }
 
 func (s *systemSource) peek() time.Duration { return s.next.At }
+
+func (s *systemSource) opensNext() bool { return true }
 
 func (s *systemSource) take(a *arrival) {
 	n := s.next
@@ -407,17 +423,23 @@ func (h *turnHeap) Pop() any {
 }
 
 func (s *chatSource) peek() time.Duration {
-	if len(s.followUps) > 0 && s.followUps[0].at < s.nextStart {
+	if s.followUpNext() {
 		return s.followUps[0].at
 	}
 	return s.nextStart
 }
 
+func (s *chatSource) followUpNext() bool {
+	return len(s.followUps) > 0 && s.followUps[0].at < s.nextStart
+}
+
+func (s *chatSource) opensNext() bool { return !s.followUpNext() }
+
 func (s *chatSource) take(a *arrival) {
 	var c *conversation
 	var at time.Duration
 	opens := false
-	if len(s.followUps) > 0 && s.followUps[0].at < s.nextStart {
+	if s.followUpNext() {
 		f := heap.Pop(&s.followUps).(followUp)
 		c, at = f.conv, f.at
 		// The previous response, token for token as the replica generated
