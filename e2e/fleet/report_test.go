@@ -212,6 +212,6 @@ func TestReportComparesWithTheOracleAndFIFO(t *testing.T) {
 	assert.Contains(t, out, "Gaps to the oracle")
 	assert.Contains(t, out, "**Random over oracle, p90 TTFT:")
 	assert.Contains(t, out, "(small-d) oracle: p90 TTFT")
-	assert.NotContains(t, out, "| (small-d) | p90 TPOT |", "issue 8's targets are for the LoRA scenarios")
+	assert.NotContains(t, out, "| (small-d) | p90 TPOT |", "the routing targets are for the LoRA scenarios")
 	assert.Contains(t, out, "prefix-hit-rate")
 }
