@@ -42,6 +42,7 @@ import (
 	"github.com/wasm-epp/wasm-epp/envoy/bootstrap"
 	"github.com/wasm-epp/wasm-epp/metricsagent"
 	"github.com/wasm-epp/wasm-epp/plugin/config"
+	"github.com/wasm-epp/wasm-epp/scheduler/wire"
 )
 
 const k8sDir = "k8s"
@@ -61,6 +62,14 @@ var newObject = map[string]func() any{
 	"networking.k8s.io/v1/NetworkPolicy":            func() any { return &networkingv1.NetworkPolicy{} },
 	"policy/v1/PodDisruptionBudget":                 func() any { return &policyv1.PodDisruptionBudget{} },
 	"kustomize.config.k8s.io/v1beta1/Kustomization": func() any { return &kusttypes.Kustomization{} },
+}
+
+// inferenceObjects are the CRD kinds the agent reads; they are decoded by
+// the agent's own types, as the agent decodes them (spec strictly).
+var inferenceObjects = map[string]func([]byte) (any, error){
+	"inference.networking.k8s.io/v1/InferencePool": func(js []byte) (any, error) { return metricsagent.DecodeInferencePool(js) },
+	"llm-d.ai/v1alpha2/InferenceObjective":         func(js []byte) (any, error) { return metricsagent.DecodeInferenceObjective(js) },
+	"llm-d.ai/v1alpha2/InferenceModelRewrite":      func(js []byte) (any, error) { return metricsagent.DecodeInferenceModelRewrite(js) },
 }
 
 // crdGroups have no k8s.io/api types; their objects are checked as maps by
@@ -132,13 +141,16 @@ func isCRD(kind string) bool {
 // would accept "clusterIp" for "clusterIP"), unknown and duplicate fields are
 // errors.
 func decodeStrict(kind string, doc []byte) (any, error) {
-	mk, ok := newObject[kind]
-	if !ok {
-		return nil, fmt.Errorf("kind %s has no k8s.io/api type listed in newObject", kind)
-	}
 	js, err := yaml.YAMLToJSONStrict(doc)
 	if err != nil {
 		return nil, err
+	}
+	if decode, ok := inferenceObjects[kind]; ok {
+		return decode(js)
+	}
+	mk, ok := newObject[kind]
+	if !ok {
+		return nil, fmt.Errorf("kind %s has no k8s.io/api type listed in newObject", kind)
 	}
 	obj := mk()
 	strict, err := kjson.UnmarshalStrict(js, obj, kjson.DisallowDuplicateFields, kjson.DisallowUnknownFields)
@@ -169,6 +181,9 @@ func TestStrictDecodingRejectsUnknownFields(t *testing.T) {
 		"apiVersion: v1\nkind: Service\nmetadata: {name: x}\nspec: {clusterIp: None}\n",
 		"apiVersion: apps/v1\nkind: DaemonSet\nmetadata: {name: x}\nspec: {template: {spec: {containers: [{name: a, image: b, readOnlyRootFS: true}]}}}\n",
 		"apiVersion: v1\nkind: Service\nmetadata: {name: x, name: y}\n",
+		"apiVersion: inference.networking.k8s.io/v1\nkind: InferencePool\nmetadata: {name: x}\nspec: {selector: {matchLabels: {a: b}}, targetPorts: [{number: 80}], targetPortNumber: 80}\n",
+		"apiVersion: llm-d.ai/v1alpha2\nkind: InferenceObjective\nmetadata: {name: x}\nspec: {poolRef: {name: p}, criticality: Critical}\n",
+		"apiVersion: llm-d.ai/v1alpha2\nkind: InferenceModelRewrite\nmetadata: {name: x}\nspec: {poolRef: {name: p}, rules: [{targets: [{modelRewrite: m, weight: -1}]}]}\n",
 	} {
 		_, err := decodeStrict(kindOf(t, []byte(doc)), []byte(doc))
 		assert.Error(t, err, doc)
@@ -188,6 +203,10 @@ type built struct {
 	accounts    []*corev1.ServiceAccount
 	policies    []*networkingv1.NetworkPolicy
 	pdbs        []*policyv1.PodDisruptionBudget
+	pools       []*metricsagent.InferencePool
+	inferenceJS [][]byte // InferenceObjectives and InferenceModelRewrites, as JSON
+	objectives  int
+	rewrites    int
 }
 
 // workload is a Deployment or DaemonSet seen through its pod template.
@@ -271,6 +290,17 @@ func build(t *testing.T, dir string) *built {
 			b.policies = append(b.policies, o)
 		case *policyv1.PodDisruptionBudget:
 			b.pdbs = append(b.pdbs, o)
+		case *metricsagent.InferencePool:
+			b.pools = append(b.pools, o)
+		case *metricsagent.InferenceObjective, *metricsagent.InferenceModelRewrite:
+			js, err := yaml.YAMLToJSONStrict(doc)
+			require.NoError(t, err)
+			b.inferenceJS = append(b.inferenceJS, js)
+			if _, ok := o.(*metricsagent.InferenceObjective); ok {
+				b.objectives++
+			} else {
+				b.rewrites++
+			}
 		}
 	}
 	return b
@@ -456,13 +486,24 @@ func checkPodSecurity(t *testing.T, b *built) {
 	}
 }
 
-// checkRBAC: the only permission anything gets is reading pods.
+// allowedRules are every permission anything may get: reading pods, and
+// for --inference-pool reading the pool's objects and writing the Accepted
+// condition of objectives and rewrites (their status subresource only).
+var allowedRules = []rbacv1.PolicyRule{
+	{APIGroups: []string{""}, Resources: []string{"pods"}, Verbs: []string{"get", "list", "watch"}},
+	{APIGroups: []string{"inference.networking.k8s.io"}, Resources: []string{"inferencepools"}, Verbs: []string{"get", "list", "watch"}},
+	{APIGroups: []string{"llm-d.ai"}, Resources: []string{"inferenceobjectives", "inferencemodelrewrites"}, Verbs: []string{"get", "list", "watch"}},
+	{APIGroups: []string{"llm-d.ai"}, Resources: []string{"inferenceobjectives/status", "inferencemodelrewrites/status"}, Verbs: []string{"update"}},
+}
+
+// checkRBAC: nothing gets a permission beyond allowedRules.
 func checkRBAC(t *testing.T, b *built) {
 	for _, r := range b.roles {
 		for _, rule := range r.Rules {
-			assert.Equal(t, []string{""}, rule.APIGroups, "Role %s", r.Name)
-			assert.Equal(t, []string{"pods"}, rule.Resources, "Role %s", r.Name)
-			assert.ElementsMatch(t, []string{"get", "list", "watch"}, rule.Verbs, "Role %s", r.Name)
+			assert.True(t, slices.ContainsFunc(allowedRules, func(a rbacv1.PolicyRule) bool {
+				return slices.Equal(a.APIGroups, rule.APIGroups) && slices.Equal(a.Resources, rule.Resources) &&
+					slices.Equal(a.Verbs, rule.Verbs) && len(rule.ResourceNames) == 0 && len(rule.NonResourceURLs) == 0
+			}), "Role %s: rule %+v is not one of the allowed ones", r.Name, rule)
 		}
 	}
 	for _, rb := range b.bindings {
@@ -565,8 +606,12 @@ func checkAgent(t *testing.T, b *built) {
 	cfg, err := metricsagent.ParseConfig(args, func(string) string { return "" }, io.Discard)
 	require.NoError(t, err, "agent args %v", args)
 	assert.Equal(t, node, cfg.NodeName)
-	assert.Equal(t, ds.Namespace, cfg.Namespace, "the agent watches its own namespace, where its Role applies")
 	assert.Empty(t, cfg.Targets, "pods are discovered on Kubernetes")
+	if cfg.InferencePool != "" {
+		checkInferencePool(t, b, cfg)
+	} else {
+		assert.Equal(t, ds.Namespace, cfg.Namespace, "the agent watches its own namespace, where its Role applies")
+	}
 
 	// The token file is the Secret's key, mounted read-only.
 	vol := mountedFrom(spec, c, cfg.PushTokenFile)
@@ -586,6 +631,9 @@ func checkAgent(t *testing.T, b *built) {
 	// The agent listens where its probes and port point.
 	assert.Equal(t, fmt.Sprintf(":%d", containerPortNumber(c, c.ReadinessProbe.HTTPGet.Port)), cfg.Listen)
 
+	if cfg.InferencePool != "" {
+		return // checkInferencePool checked the pods
+	}
 	// In a build with vLLM pods (the demo), the selector finds them and the
 	// metrics port is theirs.
 	sel, err := labels.Parse(cfg.PodSelector)
@@ -599,6 +647,92 @@ func checkAgent(t *testing.T, b *built) {
 				return fmt.Sprint(p.ContainerPort) == cfg.MetricsPort || p.Name == cfg.MetricsPort
 			})
 		}), "--metrics-port %s is not a port of %s", cfg.MetricsPort, w.name)
+	}
+}
+
+// checkInferencePool: the pool --inference-pool names is in the build; its
+// selector picks workloads that serve every target port; the agent's Roles
+// in the pool's namespace let it read the pool's objects; and the
+// objectives and rewrites are all accepted into a table whose targets the
+// pool's pods serve.
+func checkInferencePool(t *testing.T, b *built, cfg metricsagent.Config) {
+	ns, name, err := metricsagent.ParsePoolName(cfg.InferencePool)
+	require.NoError(t, err)
+	i := slices.IndexFunc(b.pools, func(p *metricsagent.InferencePool) bool { return p.Namespace == ns && p.Name == name })
+	require.GreaterOrEqual(t, i, 0, "%s: no InferencePool %s", b.dir, cfg.InferencePool)
+	pool := b.pools[i]
+	sel := labels.SelectorFromSet(pool.Spec.Selector.MatchLabels)
+	var served []string
+	matched := 0
+	for _, w := range b.workloads() {
+		if !sel.Matches(labels.Set(w.template.Labels)) {
+			continue
+		}
+		matched++
+		for _, port := range pool.Ports() {
+			assert.True(t, slices.ContainsFunc(w.template.Spec.Containers, func(c corev1.Container) bool {
+				return slices.ContainsFunc(c.Ports, func(p corev1.ContainerPort) bool { return p.ContainerPort == int32(port) })
+			}), "target port %d is not a port of %s", port, w.name)
+		}
+		for _, c := range w.template.Spec.Containers {
+			if slices.Contains(flagNames(c.Args), "adapters") {
+				served = append(served, strings.Split(flagValue(t, c.Args, "adapters"), ",")...)
+				served = append(served, flagValue(t, c.Args, "model"))
+			}
+		}
+	}
+	assert.Positive(t, matched, "the pool's selector %s picks no workload", sel)
+
+	can := func(group, resource, verb string) bool {
+		for _, rb := range b.bindings {
+			if rb.Namespace != ns || !slices.ContainsFunc(rb.Subjects, func(s rbacv1.Subject) bool { return s.Name == agentName }) {
+				continue
+			}
+			for _, r := range b.roles {
+				if r.Name == rb.RoleRef.Name && r.Namespace == ns && slices.ContainsFunc(r.Rules, func(rule rbacv1.PolicyRule) bool {
+					return slices.Contains(rule.APIGroups, group) && slices.Contains(rule.Resources, resource) && slices.Contains(rule.Verbs, verb)
+				}) {
+					return true
+				}
+			}
+		}
+		return false
+	}
+	for _, gr := range [][2]string{{"", "pods"}, {"inference.networking.k8s.io", "inferencepools"}, {"llm-d.ai", "inferenceobjectives"}, {"llm-d.ai", "inferencemodelrewrites"}} {
+		for _, verb := range []string{"list", "watch"} {
+			assert.True(t, can(gr[0], gr[1], verb), "the agent may not %s %s in %s", verb, gr[1], ns)
+		}
+	}
+	if cfg.WriteStatus {
+		assert.True(t, can("llm-d.ai", "inferenceobjectives/status", "update"), "--write-status without the permission")
+		assert.True(t, can("llm-d.ai", "inferencemodelrewrites/status", "update"), "--write-status without the permission")
+	}
+
+	var poolNames []string
+	for _, p := range b.pools {
+		if p.Namespace == ns {
+			poolNames = append(poolNames, p.Name)
+		}
+	}
+	var in metricsagent.TableInput
+	in.PoolNamespace, in.PoolName, in.Pools = ns, name, poolNames
+	for _, js := range b.inferenceJS {
+		if strings.Contains(string(js), `"kind":"InferenceObjective"`) {
+			in.Objectives = append(in.Objectives, js)
+		} else {
+			in.Rewrites = append(in.Rewrites, js)
+		}
+	}
+	res := metricsagent.BuildTable(in, "node-1", wire.ConfigLimits{})
+	require.Len(t, res.Verdicts, b.objectives+b.rewrites, "every example object names the pool")
+	for _, v := range res.Verdicts {
+		assert.True(t, v.Accepted, "%s: %s %s", v.ID(), v.Reason, v.Message)
+		assert.Empty(t, v.Conflicts, v.ID())
+	}
+	for _, rw := range res.Table.Rewrites {
+		for _, tg := range rw.Targets {
+			assert.Contains(t, served, tg.Model, "rewrite target %s of %s is not served by the pool's pods", tg.Model, rw.Model)
+		}
 	}
 }
 
