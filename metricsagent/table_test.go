@@ -169,3 +169,26 @@ func TestDecodeInferencePool(t *testing.T) {
 	_, err = DecodeInferencePool(k8sDocs(t, "objectives.yaml")[0])
 	assert.ErrorContains(t, err, `apiVersion "llm-d.ai/v1alpha2" kind "InferenceObjective": want inference.networking.k8s.io/v1 InferencePool`)
 }
+
+// FuzzBuildTable: whatever the API server sends, the object decoders never
+// panic, and the table built from it is a record the receiver accepts,
+// within the limits.
+func FuzzBuildTable(f *testing.F) {
+	for _, file := range []string{"objectives.yaml", "rewrites.yaml", "pools.yaml", "bad-pools.yaml"} {
+		for _, js := range k8sDocs(f, file) {
+			f.Add(js)
+		}
+	}
+	f.Fuzz(func(t *testing.T, js []byte) {
+		_, _ = DecodeInferencePool(js)
+		in := TableInput{PoolNamespace: "llm", PoolName: "vllm-llama", Pools: []string{"vllm-llama"},
+			Objectives: [][]byte{js}, Rewrites: [][]byte{js, js}}
+		lim := wire.ConfigLimits{MaxBytes: 4096}
+		res := BuildTable(in, "node-1", lim)
+		_, err := wire.EncodeConfig(&wire.ConfigRecord{AgentID: "node-1", PoolNamespace: "llm", PoolName: "vllm-llama", Table: res.Table}, lim)
+		require.NoError(t, err)
+		for _, v := range res.Verdicts {
+			require.NotEmpty(t, v.Reason)
+		}
+	})
+}
