@@ -144,23 +144,59 @@ func (h *Hasher) Key() uint64 {
 	return chain(h.prev, hashBytes(0, h.buf[:h.fill]))
 }
 
-// Write appends canonical bytes.
+// Write appends canonical bytes. Whole blocks are hashed straight from p;
+// only a block that straddles calls is copied. The loop keeps the chain
+// in locals: in a Wasm guest every store of the slice header into the
+// Hasher is a write-barrier check, and the loop is the hot path.
 func (h *Hasher) Write(p []byte) {
 	h.bytes += len(p)
+	if h.full {
+		return
+	}
 	bs := h.cfg.BlockBytes
-	for len(p) > 0 && !h.full {
-		if h.fill == 0 && len(p) >= bs {
-			h.addBlock(hashBytes(0, p[:bs])) // straight from the input: no copy
-			p = p[bs:]
-			continue
-		}
+	if h.fill > 0 {
 		n := copy(h.buf[h.fill:], p)
 		h.fill += n
 		p = p[n:]
-		if h.fill == bs {
-			h.fill = 0
-			h.addBlock(hashBytes(0, h.buf))
+		if h.fill < bs {
+			return
 		}
+		h.fill = 0
+		h.endBlock(h.buf)
+		if h.full {
+			return
+		}
+	}
+	if len(p) >= bs {
+		blocks, prev, limit := h.blocks, h.prev, h.cfg.MaxBlocks
+		for len(p) >= bs && len(blocks) < limit {
+			if bs == 64 {
+				prev = mixBlock64(prev, (*[64]byte)(p))
+			} else {
+				prev = chain(prev, hashBytes(0, p[:bs]))
+			}
+			blocks = append(blocks, prev)
+			p = p[bs:]
+		}
+		h.blocks, h.prev = blocks, prev
+		if len(blocks) >= limit {
+			h.full = true
+			return
+		}
+	}
+	h.fill = copy(h.buf, p)
+}
+
+// endBlock chains one full block (the buffered one).
+func (h *Hasher) endBlock(b []byte) {
+	if len(b) == 64 {
+		h.prev = mixBlock64(h.prev, (*[64]byte)(b))
+	} else {
+		h.prev = chain(h.prev, hashBytes(0, b))
+	}
+	h.blocks = append(h.blocks, h.prev)
+	if len(h.blocks) >= h.cfg.MaxBlocks {
+		h.full = true
 	}
 }
 
@@ -174,17 +210,9 @@ func (h *Hasher) WriteByte(c byte) error {
 	h.fill++
 	if h.fill == h.cfg.BlockBytes {
 		h.fill = 0
-		h.addBlock(hashBytes(0, h.buf))
+		h.endBlock(h.buf)
 	}
 	return nil
-}
-
-func (h *Hasher) addBlock(content uint64) {
-	h.prev = chain(h.prev, content)
-	h.blocks = append(h.blocks, h.prev)
-	if len(h.blocks) >= h.cfg.MaxBlocks {
-		h.full = true
-	}
 }
 
 // Canonical stream markers (see the package documentation).

@@ -384,6 +384,10 @@ func (x *Index) Forget(blocks []uint64, ep uint32, from int, before time.Time) {
 func (x *Index) write(o op) {
 	o.bucket = uint32(o.hash & x.mask)
 	switch x.apply(x.localBucket(int(o.bucket)), o) {
+	case applyNone:
+		// Nothing to tell the others: this VM's copy already says it (a
+		// refresh within one stamp, or a forget of what is gone).
+		return
 	case applyAdded:
 		x.stats.Recorded++
 	case applyEvicted:
@@ -514,8 +518,9 @@ func (x *Index) flush() {
 		bi := int(ops[0].bucket)
 		ver, ok := x.writeBucket(bi, ops)
 		switch {
-		case ok:
+		case ok && ver != 0:
 			x.touched = append(x.touched, uint32(bi), ver)
+		case ok:
 		case len(kept)+len(ops) <= x.cfg.MaxPending/2:
 			kept = append(kept, ops...) // try again at the next Sync
 		default:
@@ -549,8 +554,18 @@ func (x *Index) writeBucket(bi int, ops []op) (uint32, bool) {
 			b = x.scratch[:x.bsize]
 			x.initBucket(b)
 		}
+		changed := false
 		for _, o := range ops {
-			x.apply(b, o)
+			changed = x.apply(b, o) != applyNone || changed
+		}
+		if !changed {
+			// The store already holds all of it: nothing to write and
+			// nothing for the others to fetch (0: no directory update).
+			if cas != 0 {
+				copy(x.localBucket(bi), b)
+				x.ver[bi] = binary.LittleEndian.Uint32(b[4:])
+			}
+			return 0, true
 		}
 		ver := binary.LittleEndian.Uint32(b[4:]) + 1
 		binary.LittleEndian.PutUint32(b[4:], ver)

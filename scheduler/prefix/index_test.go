@@ -346,3 +346,32 @@ func TestStoreReturningNilForMissingKeys(t *testing.T) {
 		t.Fatal("nothing flushed")
 	}
 }
+
+func TestRepeatedRecordsWriteNothingNew(t *testing.T) {
+	r := rand.New(rand.NewPCG(25, 26))
+	store := NewMemStore()
+	x := newTestIndex(t, IndexConfig{}, store)
+	a := randomChain(r, 40)
+	x.Record(a, 1, 0, t0)
+	x.Sync()
+	sets := store.Sets
+	var m Match
+	for range 5 { // the same prompt again within one stamp: nothing new
+		x.Lookup(a, &m)
+		x.Record(a, 1, m.Blocks(1), t0)
+	}
+	if x.Pending() != 0 {
+		t.Fatalf("%d writes pending for records that change nothing", x.Pending())
+	}
+	x.Sync()
+	if store.Sets != sets {
+		t.Fatalf("%d store writes for records that change nothing", store.Sets-sets)
+	}
+	// A later stamp refreshes the deepest entry: one bucket and the directory.
+	x.Lookup(a, &m)
+	x.Record(a, 1, m.Blocks(1), t0.Add(time.Second))
+	x.Sync()
+	if got := store.Sets - sets; got != 2 {
+		t.Fatalf("a refresh wrote %d values, want 2 (bucket, directory)", got)
+	}
+}
