@@ -93,10 +93,24 @@ func (p *pluginContext) OnPluginStart(int) types.OnPluginStartStatus {
 			return types.OnPluginStartStatusFailed
 		}
 		p.role = r
+		if period := r.TickPeriod(); period > 0 {
+			if err := proxywasm.SetTickPeriodMilliSeconds(uint32(max(period/time.Millisecond, 1))); err != nil {
+				proxywasm.LogCriticalf("wasm-epp: cannot set the tick period: %v", err)
+				return types.OnPluginStartStatusFailed
+			}
+		}
 		proxywasm.LogInfof("wasm-epp: router started: %d models, unknown models %s, staleAfter %s, no fresh endpoint: %s, destination header %s",
 			len(cfg.Models), cfg.UnknownModels, time.Duration(cfg.StaleAfter), cfg.WhenNoFreshEndpoint, cfg.DestinationHeader)
 	}
 	return types.OnPluginStartStatusOK
+}
+
+// OnTick forwards the root context's tick to a role that has periodic work
+// (the router's prefix index sync).
+func (p *pluginContext) OnTick() {
+	if t, ok := p.role.(interface{ OnTick() }); ok {
+		t.OnTick()
+	}
 }
 
 func (p *pluginContext) NewHttpContext(contextID uint32) types.HttpContext {

@@ -181,7 +181,7 @@ func BenchmarkFilterCallbacksMainPlugin(b *testing.B) {
 
 // benchSnapshot is a stored snapshot of n endpoints (varied load and
 // adapters), scraped at scrape.
-func benchSnapshot(b *testing.B, n int, scrape time.Time) []byte {
+func benchSnapshot(b testing.TB, n int, scrape time.Time) []byte {
 	eps := make([]wire.EndpointState, n)
 	for i := range eps {
 		eps[i] = wire.EndpointState{

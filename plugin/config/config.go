@@ -121,6 +121,13 @@ type Config struct {
 	// flow control is off.
 	FlowControlConfig *flowcontrol.Config `json:"-"`
 
+	// Prefix configures prefix hashing and the shared prefix index
+	// (scheduler.PrefixConfig documents it); used when the scheduler runs
+	// a prefix-aware plugin (the prefix-aware profile). Absent: defaults.
+	Prefix json.RawMessage `json:"prefix,omitempty"`
+	// PrefixConfig is Prefix decoded with its defaults.
+	PrefixConfig scheduler.PrefixConfig `json:"-"`
+
 	// Seed, when set, seeds every random choice of the plugin (weighted
 	// target draws, the scheduler's tie breaks, fail-open picks) so tests
 	// and benchmarks are reproducible. Unset: seeded from crypto/rand per
@@ -225,6 +232,16 @@ func Decode(data []byte) (*Config, error) {
 	if err := cfg.decodeFlowControl(); err != nil {
 		return nil, err
 	}
+	pc, err := scheduler.DecodePrefixConfig(cfg.Prefix)
+	if err != nil {
+		err = scheduler.PrefixError("prefix", err)
+		var ce *scheduler.ConfigError
+		if errors.As(err, &ce) {
+			return nil, &Error{Path: ce.Path, Msg: ce.Msg}
+		}
+		return nil, &Error{Path: "prefix", Msg: err.Error()}
+	}
+	cfg.PrefixConfig = pc
 	return cfg, nil
 }
 

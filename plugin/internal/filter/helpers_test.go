@@ -91,6 +91,8 @@ func (p *testRoot) OnPluginStart(int) types.OnPluginStartStatus {
 
 func (p *testRoot) NewHttpContext(id uint32) types.HttpContext { return p.router.NewHttpContext(id) }
 
+func (p *testRoot) OnTick() { p.router.OnTick() }
+
 // newEnv starts the router with a configuration; it must start.
 func newEnv(t *testing.T, cfgJSON string) *env {
 	t.Helper()

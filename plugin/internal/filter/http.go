@@ -3,11 +3,13 @@ package filter
 import (
 	"fmt"
 	"math"
+	"strings"
 	"time"
 
 	"github.com/tetratelabs/proxy-wasm-go-sdk/proxywasm/types"
 
 	"github.com/wasm-epp/wasm-epp/plugin/config"
+	"github.com/wasm-epp/wasm-epp/plugin/internal/prefixroute"
 	"github.com/wasm-epp/wasm-epp/plugin/internal/proxywasm"
 	"github.com/wasm-epp/wasm-epp/scheduler"
 )
@@ -45,6 +47,17 @@ type httpContext struct {
 	recorded bool
 	// start is when the current callback began (clock.Since).
 	start time.Duration
+	// prefix is the routed request's prefix prediction, checked against
+	// the response's usage when scanUsage.
+	prefix    prefixroute.Pending
+	scanUsage bool
+}
+
+// reset readies a context for another request, keeping its buffers.
+func (c *httpContext) reset(r *Router) {
+	p := c.prefix
+	p.Reset()
+	*c = httpContext{r: r, prefix: p}
 }
 
 // The request callbacks are timed: wasm_epp.request_us is the filter's own
@@ -110,13 +123,28 @@ func (c *httpContext) OnHttpResponseHeaders(int, bool) types.Action {
 	return types.ActionContinue
 }
 
+// OnHttpResponseBody reads usage for the prefix check as chunks pass:
+// never buffered, never delayed.
+func (c *httpContext) OnHttpResponseBody(bodySize int, endOfStream bool) types.Action {
+	if c.scanUsage {
+		c.r.scanResponse(c, bodySize, endOfStream)
+		c.scanUsage = !endOfStream
+	}
+	return types.ActionContinue
+}
+
 // OnHttpStreamDone (proxy_on_log) is the stream's last callback with the
 // context (then proxy_on_done and proxy_on_delete, which the binding
 // handles), so the context can serve another request. A forwarded request
-// that got no response (the client went away) counts as forwarded.
+// that got no response (the client went away) counts as forwarded. A
+// response that ended without its last body chunk (no body, a reset) is
+// judged for the prefix check on what passed.
 func (c *httpContext) OnHttpStreamDone() {
 	if c.pending {
 		c.r.count(c.forwarded)
+	}
+	if c.scanUsage {
+		c.r.prefix.ResponseDone(&c.prefix, time.Now())
 	}
 	c.r.recycle(c)
 }
@@ -192,7 +220,17 @@ func (c *httpContext) onRequestBody(bodySize int, endOfStream bool) types.Action
 		}
 		m = &r.passthrough
 	}
-	return c.route(&p, m, body, r.pickTarget(m, p.Model))
+	target := r.pickTarget(m, p.Model)
+	if r.prefix != nil {
+		start := r.clock.Since()
+		err := r.prefix.Hash(target, prefixroute.Prompt{Prompt: Raw(body, p.Prompt), Messages: Raw(body, p.Messages),
+			Tools: Raw(body, p.Tools), CacheSalt: Raw(body, p.CacheSalt)})
+		if err != nil {
+			return c.refuse(outBadRequest, string(ReasonInvalidField), strings.TrimPrefix(err.Error(), "prefix: "))
+		}
+		r.prefix.Hashed(r.clock.Since() - start)
+	}
+	return c.route(&p, m, body, target)
 }
 
 // route schedules the request (p nil: no body, least loaded), rewrites the
@@ -204,7 +242,10 @@ func (c *httpContext) route(p *Parsed, m *model, body []byte, targetModel string
 	var req *scheduler.Request
 	if p != nil {
 		req = &r.req
-		req.Model, req.TargetModel, req.Criticality = p.Model, targetModel, m.crit
+		req.Model, req.TargetModel, req.Criticality, req.Prefix = p.Model, targetModel, m.crit, nil
+		if r.prefix != nil {
+			r.prefix.Prepare(req, snap)
+		}
 	}
 	d := r.decide(req, snap)
 	if r.debugEnabled() {
@@ -236,6 +277,12 @@ func (c *httpContext) route(p *Parsed, m *model, body []byte, targetModel string
 	}
 	if r.cfg.ServedByHeader != "" {
 		c.servedBy = d.res.Endpoint.ID.String()
+	}
+	if p != nil && r.prefix != nil {
+		// Only a request that goes upstream is recorded: a refused one
+		// (above) writes nothing to the index.
+		r.prefix.Routed(d.res.Index, r.clock.Now(), &c.prefix)
+		c.scanUsage = !p.Stream || p.StreamUsage
 	}
 	c.finished = true
 	c.forwarded, c.pending = d.outcome, true

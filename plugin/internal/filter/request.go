@@ -49,6 +49,21 @@ type Parsed struct {
 	// PromptBytes is the raw size of "messages" or "prompt" (0 if absent),
 	// for the decision log.
 	PromptBytes int
+	// Prompt, Messages, Tools and CacheSalt are the raw JSON values of
+	// those fields ([start, end) into the body; start < 0 when absent),
+	// for prefix hashing.
+	Prompt, Messages, Tools, CacheSalt [2]int
+	// StreamUsage is "stream_options": {"include_usage": true}: a stream
+	// that ends with a usage chunk.
+	StreamUsage bool
+}
+
+// Raw returns the value of span s in body, nil when absent.
+func Raw(body []byte, s [2]int) []byte {
+	if s[0] < 0 {
+		return nil
+	}
+	return body[s[0]:s[1]]
 }
 
 // Reason names why a body was refused. Its string is the "code" of the
@@ -98,16 +113,20 @@ func badRequest(r Reason, format string, args ...any) *RequestError {
 // "stream" only informs the router (the decision log), so it is read as
 // vLLM reads it: the last copy wins, and any value but true is "not
 // streaming" here while the body goes upstream unchanged, for vLLM's own
-// (lax) parsing to judge.
+// (lax) parsing to judge. "tools", "cache_salt" and "stream_options" only
+// feed the prefix-cache prediction; the last copy wins, as in vLLM.
 const (
 	fieldModel = iota
-	fieldStream
 	fieldPrompt
 	fieldMessages
+	fieldStream // the first field whose last copy wins
+	fieldTools
+	fieldCacheSalt
+	fieldStreamOptions
 	numFields
 )
 
-var fieldNames = [numFields]string{"model", "stream", "prompt", "messages"}
+var fieldNames = [numFields]string{"model", "prompt", "messages", "stream", "tools", "cache_salt", "stream_options"}
 
 // ParseRequest validates an OpenAI-style request body and extracts what
 // routing needs. It is a pure function: the body is strictly validated as
@@ -136,7 +155,7 @@ func parseRequest(body []byte, maxModelLen int, known func([]byte) (string, bool
 		if f < 0 {
 			return true
 		}
-		if seen[f] && f != fieldStream {
+		if seen[f] && f < fieldStream {
 			dup = f
 			return false
 		}
@@ -164,7 +183,7 @@ func parseRequest(body []byte, maxModelLen int, known func([]byte) (string, bool
 		return Parsed{}, badRequest(ReasonMissingModel, "the request body has no \"model\" field")
 	}
 
-	var p Parsed
+	p := Parsed{Prompt: absentSpan, Messages: absentSpan, Tools: absentSpan, CacheSalt: absentSpan}
 	m := spans[fieldModel]
 	raw := body[m.start:m.end]
 	if raw[0] != '"' {
@@ -205,6 +224,7 @@ func parseRequest(body []byte, maxModelLen int, known func([]byte) (string, bool
 			return Parsed{}, badRequest(ReasonInvalidField, "\"messages\" must be an array, not %s", jsonType(body[s.start]))
 		}
 		p.Kind, p.PromptBytes = KindChat, s.end-s.start
+		p.Messages = [2]int{s.start, s.end}
 	}
 	if seen[fieldPrompt] {
 		s := spans[fieldPrompt]
@@ -214,9 +234,41 @@ func parseRequest(body []byte, maxModelLen int, known func([]byte) (string, bool
 		if p.Kind == KindOther {
 			p.Kind, p.PromptBytes = KindCompletion, s.end-s.start
 		}
+		p.Prompt = [2]int{s.start, s.end}
+	}
+	if seen[fieldTools] {
+		p.Tools = [2]int{spans[fieldTools].start, spans[fieldTools].end}
+	}
+	if seen[fieldCacheSalt] && body[spans[fieldCacheSalt].start] == '"' {
+		p.CacheSalt = [2]int{spans[fieldCacheSalt].start, spans[fieldCacheSalt].end}
+	}
+	if seen[fieldStreamOptions] {
+		s := spans[fieldStreamOptions]
+		p.StreamUsage = includesUsage(body[s.start:s.end])
 	}
 	return p, nil
 }
+
+var absentSpan = [2]int{-1, -1}
+
+// includesUsage reports whether a stream_options value (validated JSON)
+// sets "include_usage": true. The value is small; a plain search for the
+// key followed by true is enough, since a string value cannot contain an
+// unescaped quote.
+func includesUsage(v []byte) bool {
+	i := bytes.Index(v, includeUsageKey)
+	if i < 0 || v[0] != '{' {
+		return false
+	}
+	j := skipSpace(v, i+len(includeUsageKey))
+	if j >= len(v) || v[j] != ':' {
+		return false
+	}
+	j = skipSpace(v, j+1)
+	return hasLiteral(v, j, "true")
+}
+
+var includeUsageKey = []byte(`"include_usage"`)
 
 // fieldOf says which field of interest a member is, or -1.
 func fieldOf(body []byte, m member) int {
@@ -224,7 +276,7 @@ func fieldOf(body []byte, m member) int {
 	if m.keyEscaped {
 		// "mod\u0065l" is "model" to every JSON parser: decode before
 		// comparing so an escaped duplicate cannot slip through.
-		if len(key) > 6*len("messages") {
+		if len(key) > 6*len("stream_options") {
 			return -1
 		}
 		s := gjson.ParseBytes(body[m.keyStart-1 : m.keyEnd+1]).Str
@@ -244,6 +296,12 @@ func fieldOf(body []byte, m member) int {
 		return fieldPrompt
 	case "messages":
 		return fieldMessages
+	case "tools":
+		return fieldTools
+	case "cache_salt":
+		return fieldCacheSalt
+	case "stream_options":
+		return fieldStreamOptions
 	}
 	return -1
 }

@@ -12,6 +12,7 @@ import (
 	"github.com/tetratelabs/proxy-wasm-go-sdk/proxywasm/types"
 
 	"github.com/wasm-epp/wasm-epp/plugin/config"
+	"github.com/wasm-epp/wasm-epp/plugin/internal/prefixroute"
 	"github.com/wasm-epp/wasm-epp/plugin/internal/proxywasm"
 	"github.com/wasm-epp/wasm-epp/scheduler"
 	"github.com/wasm-epp/wasm-epp/scheduler/wire"
@@ -102,6 +103,12 @@ type Router struct {
 	lastPathCounter proxywasm.MetricCounter
 	lastPathOK      bool
 
+	// prefix tracks prompt prefixes for prefix-aware plugins; nil when
+	// the scheduler runs none.
+	prefix *prefixroute.Tracker
+	// respBuf is where response chunks are read for their usage.
+	respBuf []byte
+
 	m metrics
 	// lastFailOpenWarn rate-limits the fail-open warning.
 	lastFailOpenWarn time.Time
@@ -176,6 +183,11 @@ func NewRouter(cfg *config.Config, opts Options) (*Router, error) {
 		return nil, scheduler.PrefixError("scheduler", err)
 	}
 	r.sched = s
+	if s.UsesPrefix() {
+		if r.prefix, err = prefixroute.New(cfg.PrefixConfig, cfg.SharedDataKeyPrefix); err != nil {
+			return nil, scheduler.PrefixError("prefix", err)
+		}
+	}
 	for _, m := range cfg.Models {
 		md := &model{name: m.Name, crit: criticality(m.Criticality)}
 		for _, t := range m.Targets {
@@ -243,7 +255,7 @@ func (r *Router) NewHttpContext(uint32) types.HttpContext {
 		c := r.free[n-1]
 		r.free[n-1] = nil
 		r.free = r.free[:n-1]
-		*c = httpContext{r: r}
+		c.reset(r)
 		return c
 	}
 	return &httpContext{r: r}
@@ -252,8 +264,43 @@ func (r *Router) NewHttpContext(uint32) types.HttpContext {
 // recycle keeps a finished context for NewHttpContext.
 func (r *Router) recycle(c *httpContext) {
 	if len(r.free) < maxFreeContexts {
-		*c = httpContext{r: r}
+		c.reset(r)
 		r.free = append(r.free, c)
+	}
+}
+
+// OnTick is the root context's tick: the prefix index syncs with the
+// other worker VMs.
+func (r *Router) OnTick() {
+	if r.prefix != nil {
+		r.prefix.Tick()
+	}
+}
+
+// TickPeriod is the tick the router needs (0: none).
+func (r *Router) TickPeriod() time.Duration {
+	if r.prefix != nil {
+		return r.prefix.TickPeriod()
+	}
+	return 0
+}
+
+// maxKeptResponse caps the response read buffer a router keeps.
+const maxKeptResponse = 64 << 10
+
+// scanResponse reads one response chunk for the prefix check's usage.
+func (r *Router) scanResponse(c *httpContext, size int, end bool) {
+	if size > 0 {
+		chunk, err := proxywasm.GetHttpResponseBodyInto(r.respBuf[:0], 0, size)
+		if cap(chunk) > cap(r.respBuf) && cap(chunk) <= maxKeptResponse {
+			r.respBuf = chunk[:0]
+		}
+		if err == nil {
+			c.prefix.ResponseBody(chunk)
+		}
+	}
+	if end {
+		r.prefix.ResponseDone(&c.prefix, time.Now())
 	}
 }
 

@@ -51,7 +51,6 @@ type Tracker struct {
 	hasher  *prefix.Hasher
 	tracker *scheduler.PrefixTracker
 	index   *prefix.Index
-	synced  time.Time
 	m       metrics
 	last    prefix.Stats
 }
@@ -216,13 +215,9 @@ func (t *Tracker) ResponseDone(p *Pending, now time.Time) {
 	}
 }
 
-// Tick syncs the index with the other VMs when SyncInterval has passed
-// (shared mode) and publishes the index counters.
-func (t *Tracker) Tick(now time.Time) {
-	if now.Sub(t.synced) < t.cfg.SyncInterval {
-		return
-	}
-	t.synced = now
+// Tick syncs the index with the other VMs (shared mode) and publishes the
+// index counters. The root context calls it every TickPeriod.
+func (t *Tracker) Tick() {
 	if t.cfg.Shared {
 		t.index.Sync()
 	}

@@ -71,8 +71,8 @@ func TestSharedAcrossVMs(t *testing.T) {
 	turn1 := chat(strings.Repeat("Summarise the attached design document. ", 30))
 	var p Pending
 	assert.Zero(t, route(t, a, snap, turn1, 2, t0, &p))
-	a.Tick(t0.Add(time.Second))
-	b.Tick(t0.Add(time.Second))
+	a.Tick()
+	b.Tick()
 	require.NoError(t, b.Hash("m", Prompt{Messages: turn1}))
 	var req scheduler.Request
 	b.Prepare(&req, snap)
@@ -82,8 +82,8 @@ func TestSharedAcrossVMs(t *testing.T) {
 	// A per-VM index does not.
 	c, d := newVM(t, false), newVM(t, false)
 	route(t, c, snap, turn1, 3, t0, &p)
-	c.Tick(t0.Add(time.Second))
-	d.Tick(t0.Add(time.Second))
+	c.Tick()
+	d.Tick()
 	require.NoError(t, d.Hash("m", Prompt{Messages: turn1}))
 	d.Prepare(&req, snap)
 	assert.Zero(t, req.Prefix.MatchedBlocks(&snap.Endpoints[3]))

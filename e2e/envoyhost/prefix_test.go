@@ -1,0 +1,172 @@
+package envoyhost
+
+import (
+	"encoding/json"
+	"fmt"
+	"os"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/wasm-epp/wasm-epp/e2e/internal/wasmbuild"
+	"github.com/wasm-epp/wasm-epp/plugin/config"
+)
+
+// prefixHarness runs the real module on workers worker VMs with the
+// prefix-aware profile over n fresh endpoints.
+func prefixHarness(t testing.TB, workers, n int, profile string) (*harness, *config.Config) {
+	t.Helper()
+	code, err := os.ReadFile(wasmbuild.Plugin(t))
+	require.NoError(t, err)
+	pluginConfig := `{"models": [{"name": "chat", "criticality": "Critical"}], "scheduler": {"profile": "` + profile + `"}}`
+	cfg, err := config.Decode([]byte(pluginConfig))
+	require.NoError(t, err)
+	h := newHarness(t, trivialGuestPkg, withWorkers(workers), withAllowStopIteration(), withPluginConfig(pluginConfig),
+		func(_ *Config, p *PluginConfig) { p.VM.Code = code })
+	h.host.shared.set("test-vm", cfg.SnapshotKey(), benchSnapshot(t, n, time.Now().Add(time.Hour)), 0)
+	h.host.shared.set("test-vm", cfg.SnapshotVersionKey(), []byte{1, 0, 0, 0, 0, 0, 0, 0}, 0)
+	return h, cfg
+}
+
+// routeOn sends one chat body through worker thread's VM and returns the
+// destination it chose; the response body (if any) goes through the
+// filter before the stream ends.
+func routeOn(t testing.TB, h *harness, cfg *config.Config, thread int, body []byte, response []byte) string {
+	t.Helper()
+	vm, root, mode := h.host.listeners[0].plugin.contextFor(thread)
+	require.Equal(t, filterActive, mode)
+	req := NewHeaderMap(Pair{":authority", "gw"}, Pair{":path", "/v1/chat/completions"}, Pair{":method", "POST"},
+		Pair{":scheme", "http"}, Pair{"content-type", "application/json"}, Pair{"content-length", fmt.Sprint(len(body))})
+	d := newDirectStream(vm, root)
+	d.requestHeaders(req, false)
+	d.s.reqHeaders = req
+	if res := d.requestBody(body); res != 0 || d.reply() != nil {
+		t.Fatalf("not routed: %v %+v", res, d.reply())
+	}
+	d.s.reqHeaders = nil
+	resp := NewHeaderMap(Pair{":status", "200"}, Pair{"content-type", "application/json"})
+	d.responseHeaders(resp)
+	if response != nil {
+		d.responseBody(response)
+	}
+	d.finish(req, resp)
+	require.False(t, vm.Failed())
+	dest, _ := req.Get(cfg.DestinationHeader)
+	return dest
+}
+
+// responseBody delivers a whole response body in one chunk.
+func (d *directStream) responseBody(body []byte) {
+	d.s.respBody = &body
+	d.s.endOfStream = true
+	d.call("proxy_on_response_body", uint64(len(body)), 1)
+	d.s.respBody, d.s.endOfStream = nil, false
+}
+
+func chatJSON(system, user string) []byte {
+	b, _ := json.Marshal(map[string]any{"model": "chat", "max_tokens": 64, "messages": []map[string]string{
+		{"role": "system", "content": system}, {"role": "user", "content": user}}})
+	return b
+}
+
+// TestPrefixIndexAcrossWorkerVMs: what one worker VM routed, the others
+// find in shared data; the lag (one VM's decision until every other VM
+// fetched it) is logged for BENCHMARKS.md.
+func TestPrefixIndexAcrossWorkerVMs(t *testing.T) {
+	h, cfg := prefixHarness(t, 4, 8, "prefix-aware")
+	stat := func(name string) uint64 {
+		v, _ := h.host.StatValue("wasmcustom.wasm_epp." + name)
+		return v
+	}
+	var first, all []time.Duration
+	for trial := range 12 {
+		// One recorded position (4 blocks of 64 bytes): one bucket changes.
+		system := fmt.Sprintf("%03d %s", trial, strings.Repeat("q", 300))
+		// Start from quiet shared data: the last trial's probe may still be
+		// on its way to the other VMs.
+		before := stat("prefix.index.fetched_buckets")
+		for quiet := 0; quiet < 4; {
+			time.Sleep(50 * time.Millisecond)
+			if now := stat("prefix.index.fetched_buckets"); now != before {
+				before, quiet = now, 0
+				continue
+			}
+			quiet++
+		}
+		start := time.Now()
+		dest := routeOn(t, h, cfg, 1, chatJSON(system, "hi"), nil)
+		seen := time.Duration(0)
+		deadline := time.Now().Add(20 * time.Second)
+		for stat("prefix.index.fetched_buckets") < before+4 { // the main thread's VM and the three other workers
+			if seen == 0 && stat("prefix.index.fetched_buckets") > before {
+				seen = time.Since(start)
+			}
+			require.True(t, time.Now().Before(deadline), "the other VMs never fetched what VM 1 wrote")
+			time.Sleep(time.Millisecond)
+		}
+		if seen == 0 {
+			seen = time.Since(start)
+		}
+		first, all = append(first, seen), append(all, time.Since(start))
+		// Another VM now routes the same prefix by affinity, to the same
+		// endpoint.
+		affinity := stat("path.prefix.affinity")
+		require.Equal(t, dest, routeOn(t, h, cfg, 2+trial%3, chatJSON(system, "hello again"), nil))
+		require.Equal(t, affinity+1, stat("path.prefix.affinity"), "trial %d: VM %d did not know the prefix", trial, 2+trial%3)
+	}
+	slices.Sort(first)
+	slices.Sort(all)
+	t.Logf("lag from a decision on one VM until the first / every other VM fetched it (syncInterval 50ms, %d trials): first p50 %v max %v; all p50 %v max %v",
+		len(first), first[len(first)/2].Round(time.Millisecond), first[len(first)-1].Round(time.Millisecond),
+		all[len(all)/2].Round(time.Millisecond), all[len(all)-1].Round(time.Millisecond))
+}
+
+// TestPrefixFeedbackInTheHost: a response reporting a miss where the
+// index predicted a hit removes the entries, in the real module.
+func TestPrefixFeedbackInTheHost(t *testing.T) {
+	h, cfg := prefixHarness(t, 1, 4, "prefix-aware")
+	stat := func(name string) uint64 {
+		v, _ := h.host.StatValue("wasmcustom.wasm_epp." + name)
+		return v
+	}
+	body := chatJSON(strings.Repeat("Shared manual text. ", 60), "q")
+	routeOn(t, h, cfg, 1, body, []byte(`{"usage":{"prompt_tokens":300,"prompt_tokens_details":{"cached_tokens":0}}}`))
+	routeOn(t, h, cfg, 1, body, []byte(`{"choices":[],"usage":{"prompt_tokens":300,"prompt_tokens_details":{"cached_tokens":0}}}`))
+	require.Equal(t, uint64(1), stat("prefix.responses.mispredicted"))
+	require.Equal(t, uint64(2), stat("prefix.responses.judged"))
+	require.Greater(t, stat("prefix.predicted_cached_tokens"), uint64(250))
+	consistent := stat("path.prefix.consistent")
+	routeOn(t, h, cfg, 1, body, nil)
+	require.Equal(t, consistent+1, stat("path.prefix.consistent"), "the forgotten prefix was still predicted")
+}
+
+// BenchmarkPrefixFilterCallbacks is BenchmarkFilterCallbacksMainPlugin for
+// chat bodies of several sizes, with the default decision tree and with
+// prefix-aware routing (hashing, lookup, record, and the response's usage
+// read as it passes), 8 endpoints.
+func BenchmarkPrefixFilterCallbacks(b *testing.B) {
+	for _, kib := range []int{4, 64, 220, 256} {
+		for _, profile := range []string{"decision-tree", "scoring", "prefix-aware"} {
+			b.Run(fmt.Sprintf("%dKiB/%s", kib, profile), func(b *testing.B) {
+				h, cfg := prefixHarness(b, 1, 8, profile)
+				content := strings.Repeat("The quick brown fox jumps over the lazy dog. ", kib*1024/45)
+				body := chatJSON("You are helpful.", content)
+				resp := []byte(`{"id":"x","choices":[{"index":0,"message":{"role":"assistant","content":"Sure."}}],"usage":{"prompt_tokens":1000,"completion_tokens":2,"prompt_tokens_details":{"cached_tokens":900}}}`)
+				routeOn(b, h, cfg, 1, body, resp)
+				cpu0 := processCPU()
+				b.ResetTimer()
+				for range b.N {
+					routeOn(b, h, cfg, 1, body, resp)
+				}
+				b.StopTimer()
+				b.ReportMetric(float64(b.Elapsed().Microseconds())/float64(b.N), "µs/req")
+				// Process CPU (the host's timers included): steadier than
+				// wall time on a shared machine.
+				b.ReportMetric(float64((processCPU()-cpu0).Microseconds())/float64(b.N), "cpu-µs/req")
+			})
+		}
+	}
+}
