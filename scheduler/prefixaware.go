@@ -76,7 +76,7 @@ const (
 	DefaultPrefixKeepRatio        = 0.8
 	DefaultPrefixMinMatchBlocks   = 4
 	DefaultPrefixBalanceFactor    = 1.25
-	DefaultPrefixMinCapacity      = 4
+	DefaultPrefixMinCapacity      = 16
 )
 
 // PrefixAffinityFilter sends a request where its prompt's prefix is
@@ -88,19 +88,23 @@ const (
 //     When none has, every candidate is kept (PathPrefixSaturated): the
 //     profile's load scorers spread the requests, so affinity never piles
 //     onto a hot replica.
-//  2. Affinity: among endpoints with capacity, those holding at least
-//     KeepRatio of the best match (when the best is at least
-//     MinMatchBlocks blocks) are kept (PathPrefixAffinity); with no such
-//     match, all with capacity (PathPrefixConsistent).
-//  3. Adapter: if some kept endpoint already runs the target adapter, the
-//     others are dropped (adapters stay concentrated).
-//  4. Consistent choice: rendezvous hashing with bounded loads
-//     (prefix.Rendezvous; load = waiting + running requests, bound
-//     BalanceFactor × the mean, at least MinCapacity) on the prompt's
-//     affinity key picks one of them. The same prefix therefore lands on
-//     the same endpoint from every replica and worker even when their
-//     indexes differ, and an endpoint joining or leaving moves only its
-//     share. ConsistentHashing off keeps all of them for the scorers.
+//  2. Affinity: among endpoints with capacity and fewer outstanding
+//     requests than the bounded load of the fleet (BalanceFactor × the
+//     mean, at least MinCapacity), those holding at least KeepRatio of the
+//     best match (when the best is at least MinMatchBlocks blocks) are
+//     kept (PathPrefixAffinity); with no such match, all with capacity
+//     (PathPrefixConsistent).
+//  3. With affinity, every holder kept goes to the profile's scorers
+//     (load, LoRA, the match itself).
+//  4. A new prefix (no holder): the endpoints already running the target
+//     adapter are kept if any, else those with a free adapter slot, and
+//     rendezvous hashing with bounded loads (prefix.Rendezvous; load =
+//     waiting + running requests, bound BalanceFactor × the mean, at least
+//     MinCapacity) on the prompt's affinity key picks one of them. The
+//     same new prefix therefore lands on the same endpoint from every
+//     replica and worker, whose indexes differ, and an endpoint joining or
+//     leaving moves only its share. ConsistentHashing off keeps them all
+//     for the scorers.
 //
 // Requests without prefix information keep every candidate
 // (PathPrefixNone).
@@ -137,12 +141,23 @@ func (f *PrefixAffinityFilter) Filter(c *Cycle, dst, candidates []*Endpoint) []*
 		c.SetPath(PathPrefixNone)
 		return append(dst, candidates...)
 	}
+	// An endpoint holds affinity only below the bounded load of the whole
+	// fleet (BalanceFactor × the mean outstanding requests, at least
+	// MinCapacity): a hot prefix spreads before its holder is a hot spot,
+	// not only once it is full.
+	total := 0
+	for _, e := range candidates {
+		total += outstanding(e)
+	}
+	bound := max(f.MinCapacity, int(math.Ceil(f.BalanceFactor*float64(total+1)/float64(len(candidates)))))
 	pool := f.pool[:0]
 	best := 0
 	for _, e := range candidates {
 		if f.hasCapacity(e) {
 			pool = append(pool, e)
-			best = max(best, info.MatchedBlocks(e))
+			if outstanding(e) < bound {
+				best = max(best, info.MatchedBlocks(e))
+			}
 		}
 	}
 	if len(pool) == 0 {
@@ -156,36 +171,29 @@ func (f *PrefixAffinityFilter) Filter(c *Cycle, dst, candidates []*Endpoint) []*
 		keep := int(math.Ceil(f.KeepRatio * float64(best)))
 		n := 0
 		for _, e := range pool {
-			if info.MatchedBlocks(e) >= keep {
+			if outstanding(e) < bound && info.MatchedBlocks(e) >= keep {
 				pool[n] = e
 				n++
 			}
 		}
 		pool = pool[:n]
 	}
-	// Adapter concentration.
-	target := c.TargetModel()
-	n := 0
-	for _, e := range pool {
-		if e.Metrics.HasActiveModel(target) {
-			n++
-		}
-	}
-	if n > 0 && n < len(pool) {
-		k := 0
-		for _, e := range pool {
-			if e.Metrics.HasActiveModel(target) {
-				pool[k] = e
-				k++
-			}
-		}
-		pool = pool[:k]
-	}
 	f.pool = pool
 	c.SetPath(path)
-	if !f.ConsistentHashing || len(pool) == 1 {
+	if path == PathPrefixAffinity || !f.ConsistentHashing || len(pool) == 1 {
+		// Every endpoint kept holds the prefix: the scorers (load, LoRA,
+		// the match itself) choose among them.
 		return append(dst, pool...)
 	}
+	// A new prefix (or one whose holders are all past the bound): the
+	// endpoints under the bound, the adapter where it runs (else where a
+	// slot is free), then the consistent choice among those.
+	pool = narrow(pool, func(e *Endpoint) bool { return outstanding(e) < bound })
+	pool = narrow(pool, func(e *Endpoint) bool { return e.Metrics.HasActiveModel(c.TargetModel()) })
+	pool = narrow(pool, func(e *Endpoint) bool {
+		m := &e.Metrics
+		return m.MaxActiveModels > 0 && len(m.ActiveModels)+len(m.WaitingModels) < m.MaxActiveModels
+	})
 	f.ids, f.loads = f.ids[:0], f.loads[:0]
 	for _, e := range pool {
 		f.ids = append(f.ids, info.EndpointKey(e))
@@ -193,6 +201,28 @@ func (f *PrefixAffinityFilter) Filter(c *Cycle, dst, candidates []*Endpoint) []*
 	}
 	f.rz.Factor, f.rz.MinCapacity = f.BalanceFactor, f.MinCapacity
 	return append(dst, pool[f.rz.Pick(info.AffinityKey(), f.ids, f.loads)])
+}
+
+// narrow keeps, in place, the endpoints of pool that pass keep, unless
+// none or all do.
+func narrow(pool []*Endpoint, keep func(*Endpoint) bool) []*Endpoint {
+	n := 0
+	for _, e := range pool {
+		if keep(e) {
+			n++
+		}
+	}
+	if n == 0 || n == len(pool) {
+		return pool
+	}
+	k := 0
+	for _, e := range pool {
+		if keep(e) {
+			pool[k] = e
+			k++
+		}
+	}
+	return pool[:k]
 }
 
 // PrefixTracker connects one VM's (or one simulated gateway worker's)

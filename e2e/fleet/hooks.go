@@ -45,6 +45,46 @@ type Placement struct {
 	// place): the same value for every VM of one gateway, another for
 	// each gateway.
 	Shared *GatewayShared
+	// Run is shared by every VM of every gateway: the place of a picker
+	// outside the gateways that sees all their requests (llm-d's EPP).
+	Run *GatewayShared
+}
+
+// Ticker is implemented by policies with periodic work (the plugin syncs
+// its prefix index on the root context's tick); the run calls Tick at
+// every metrics scrape.
+type Ticker interface {
+	Tick(at time.Duration)
+}
+
+// PredictionReporter is implemented by policies that predict cached
+// tokens; the run sums their reports into Result.Prediction.
+type PredictionReporter interface {
+	Prediction() Prediction
+}
+
+// Prediction compares the cached tokens a policy predicted at routing time
+// with those the replicas reported, over the responses it judged (those
+// that reported cached tokens, whole run).
+type Prediction struct {
+	Judged, Mispredicted int
+	// PredictedTokens, CachedTokens and PromptTokens sum over the judged.
+	PredictedTokens, CachedTokens, PromptTokens int64
+	// PredictedHits and ReportedHits count requests with more than half of
+	// their prompt predicted, or reported, cached; BothHits those with both.
+	PredictedHits, ReportedHits, BothHits int
+}
+
+// Add sums o into p.
+func (p *Prediction) Add(o Prediction) {
+	p.Judged += o.Judged
+	p.Mispredicted += o.Mispredicted
+	p.PredictedTokens += o.PredictedTokens
+	p.CachedTokens += o.CachedTokens
+	p.PromptTokens += o.PromptTokens
+	p.PredictedHits += o.PredictedHits
+	p.ReportedHits += o.ReportedHits
+	p.BothHits += o.BothHits
 }
 
 // Placed is implemented by policies that want to know their Placement;

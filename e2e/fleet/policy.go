@@ -42,10 +42,6 @@ type PolicySpec struct {
 	// New builds the policy. seed makes it reproducible; clock returns the
 	// virtual time, for policies that check staleness.
 	New func(seed uint64, clock func() time.Time) (Policy, error)
-	// NewVM, when set, is used instead of New: it builds the policy of one
-	// gateway worker VM with what it shares with others (prefix-aware
-	// policies keep an index in their gateway's shared data).
-	NewVM func(seed uint64, clock func() time.Time, env VMEnv) (Policy, error)
 	// CountsRouted: a scheduler policy whose configuration counts requests
 	// routed since the last scrape (scheduler.Scheduler.Observe), for
 	// reports.
@@ -125,6 +121,11 @@ func policyByName(name string, opts PolicyOptions) (PolicySpec, error) {
 	if name == Oracle {
 		return OracleSpec(), nil
 	}
+	for _, spec := range PrefixPolicies() {
+		if spec.Name == name {
+			return spec, nil
+		}
+	}
 	if _, ok := scheduler.BuiltinProfiles()[name]; !ok {
 		return PolicySpec{}, fmt.Errorf("fleet: unknown policy %q (%s, %s, a scheduler profile, or name=config.json)", name, EnvoyLeastRequest, Oracle)
 	}
@@ -151,9 +152,15 @@ func ParsePolicyWith(arg string, opts PolicyOptions) (PolicySpec, error) {
 	if err != nil {
 		return PolicySpec{}, fmt.Errorf("fleet: policy %q: %s: %w", name, path, err)
 	}
-	spec := SchedulerPolicySpec(name, opts.apply(cfg))
+	cfg = opts.apply(cfg)
+	spec := SchedulerPolicySpec(name, cfg)
 	// Build once now so a bad configuration fails before a sweep starts.
-	if _, err := spec.New(1, time.Now); err != nil {
+	p, err := spec.New(1, time.Now)
+	if err == nil && p.(*schedulerPolicy).s.UsesPrefix() {
+		// Prefix-aware plugins need the prompt's hashes and an index.
+		spec = PrefixPolicySpec(name, cfg, IndexShared)
+	}
+	if err != nil {
 		return PolicySpec{}, fmt.Errorf("fleet: policy %q: %s: %w", name, path, err)
 	}
 	return spec, nil

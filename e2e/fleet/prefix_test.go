@@ -246,7 +246,8 @@ func TestResponsesReachTheRoutingVMOfEachGateway(t *testing.T) {
 		shared := map[int]*GatewayShared{}
 		finished, hits := 0, 0
 		for k, o := range all {
-			assert.Equal(t, Placement{Gateway: k / 3, VM: k % 3, Gateways: 2, VMs: 3, Shared: o.at.Shared}, o.at)
+			assert.Equal(t, Placement{Gateway: k / 3, VM: k % 3, Gateways: 2, VMs: 3, Shared: o.at.Shared, Run: o.at.Run}, o.at)
+			assert.NotNil(t, o.at.Run)
 			if s, ok := shared[o.at.Gateway]; ok {
 				assert.Same(t, s, o.at.Shared, "one shared state per gateway")
 			}

@@ -6,24 +6,27 @@ import (
 	"testing"
 	"time"
 
+	"github.com/wasm-epp/wasm-epp/e2e/vllmsim"
 	"github.com/wasm-epp/wasm-epp/scheduler"
-	"github.com/wasm-epp/wasm-epp/scheduler/prefix"
 )
 
 // gatewayVMs builds gateways × vms instances of spec, each gateway with its
-// own shared data, as the fleet does.
-func gatewayVMs(t *testing.T, spec PolicySpec, gateways, vms int, clock func() time.Time) []PromptPolicy {
+// own shared state, as the fleet's run does.
+func gatewayVMs(t *testing.T, spec PolicySpec, gateways, vms int, clock func() time.Time) []Policy {
 	t.Helper()
-	run := map[string]any{}
-	var out []PromptPolicy
+	run := &GatewayShared{}
+	var out []Policy
 	for g := range gateways {
-		store := prefix.NewMemStore()
+		shared := &GatewayShared{}
 		for k := range vms {
-			p, err := spec.NewVM(uint64(g*vms+k+1), clock, VMEnv{Gateway: g, Store: store, NumGPUBlocks: 1000, run: run})
+			p, err := spec.New(uint64(g*vms+k+1), clock)
 			if err != nil {
 				t.Fatal(err)
 			}
-			out = append(out, p.(PromptPolicy))
+			if pl, ok := p.(Placed); ok {
+				pl.Place(Placement{Gateway: g, VM: k, Gateways: gateways, VMs: vms, Shared: shared, Run: run})
+			}
+			out = append(out, p)
 		}
 	}
 	return out
@@ -59,7 +62,8 @@ func stickiness(t *testing.T, spec PolicySpec) float64 {
 		for g := range 50 {
 			vm := vms[r.IntN(len(vms))]
 			req := scheduler.Request{Model: "m", Criticality: scheduler.Critical}
-			i, o := vm.RoutePrompt(&req, Prompt{ID: id, Tokens: groupPrompt(g, q)}, &View{Snapshot: snap, InFlight: make([]int, 8)})
+			vr := vllmsim.Request{ID: id, Prompt: groupPrompt(g, q)}
+			i, o := vm.Route(&req, &View{Snapshot: snap, InFlight: make([]int, 8), Request: &vr})
 			id++
 			if o != scheduler.Routed {
 				t.Fatalf("outcome %v", o)
@@ -71,8 +75,8 @@ func stickiness(t *testing.T, spec PolicySpec) float64 {
 		}
 		now = now.Add(200 * time.Millisecond)
 		for _, vm := range vms {
-			if tp, ok := vm.(TickPolicy); ok {
-				tp.Tick(now)
+			if tp, ok := vm.(Ticker); ok {
+				tp.Tick(now.Sub(Epoch))
 			}
 		}
 	}

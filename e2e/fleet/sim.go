@@ -118,6 +118,9 @@ type Result struct {
 	// prompts and what the replicas found cached of them
 	// (usage.prompt_tokens_details.cached_tokens); HitRate is their ratio.
 	PromptTokens, CachedTokens int64
+	// Prediction is what prefix-aware policies predicted against what the
+	// replicas reported (whole run, every VM).
+	Prediction Prediction
 	// End is the virtual time when the last request finished.
 	End time.Duration
 
@@ -224,6 +227,7 @@ func RunSeeds(cfg RunConfig, n int) (Result, error) {
 		pooled.Preemptions += r.Preemptions
 		pooled.PromptTokens += r.PromptTokens
 		pooled.CachedTokens += r.CachedTokens
+		pooled.Prediction.Add(r.Prediction)
 		for i := range pooled.Routed {
 			pooled.Routed[i] += r.Routed[i]
 		}
@@ -274,6 +278,7 @@ func runOnce(cfg RunConfig, into *samples) (Result, error) {
 	policies := make([]Policy, gateways*vms)
 	observers := make([]ResponseObserver, len(policies))
 	shared := make([]*GatewayShared, gateways)
+	runShared := &GatewayShared{}
 	for k := range policies {
 		// VM 0 has the run's seed, so one VM is exactly the single-gateway run.
 		var err error
@@ -285,7 +290,7 @@ func runOnce(cfg RunConfig, into *samples) (Result, error) {
 			shared[g] = &GatewayShared{}
 		}
 		if p, ok := policies[k].(Placed); ok {
-			p.Place(Placement{Gateway: g, VM: k % vms, Gateways: gateways, VMs: vms, Shared: shared[g]})
+			p.Place(Placement{Gateway: g, VM: k % vms, Gateways: gateways, VMs: vms, Shared: shared[g], Run: runShared})
 		}
 		observers[k], _ = policies[k].(ResponseObserver)
 	}
@@ -541,6 +546,11 @@ func runOnce(cfg RunConfig, into *samples) (Result, error) {
 		case at == scrapeAt:
 			scrape(at)
 			nextScrape += cfg.ScrapeInterval
+			for _, p := range policies {
+				if t, ok := p.(Ticker); ok {
+					t.Tick(at)
+				}
+			}
 			if flow != nil {
 				flow.tag++ // every VM's copy now holds this scrape
 			}
@@ -630,6 +640,11 @@ func runOnce(cfg RunConfig, into *samples) (Result, error) {
 		res.MeanActiveAdapters = activeSum / float64(activeSamples)
 		res.meanRunning = runningSum / float64(activeSamples)
 		res.meanKVUsage = kvSum / float64(activeSamples)
+	}
+	for _, p := range policies {
+		if pr, ok := p.(PredictionReporter); ok {
+			res.Prediction.Add(pr.Prediction())
+		}
 	}
 	return res, nil
 }

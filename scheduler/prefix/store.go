@@ -24,9 +24,9 @@ var (
 )
 
 // MemStore is a Store in memory with Envoy's CAS rules (one counter for
-// the whole table, starting at 1: envoy's proxy-wasm-cpp-host
-// src/shared_data.cc): what the fleet benchmark gives the worker VMs of
-// one simulated Envoy, and what tests use. Safe for concurrent use.
+// the whole table, starting at 1, as e2e/envoyhost's shared data emulates
+// them): what the fleet benchmark gives the worker VMs of one simulated
+// Envoy, and what tests use. Safe for concurrent use.
 type MemStore struct {
 	mu   sync.Mutex
 	cas  uint32
