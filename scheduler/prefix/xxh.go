@@ -64,6 +64,11 @@ func hashBytes(seed uint64, b []byte) uint64 {
 		h ^= uint64(c) * prime5
 		h = bits.RotateLeft64(h, 11) * prime1
 	}
+	return avalanche(h)
+}
+
+// avalanche is XXH64's final mix.
+func avalanche(h uint64) uint64 {
 	h ^= h >> 33
 	h *= prime2
 	h ^= h >> 29
@@ -100,10 +105,5 @@ func mixBlock64(prev uint64, b *[64]byte) uint64 {
 	h = bits.RotateLeft64(h^binary.LittleEndian.Uint64(b[40:48]), 31) * prime1
 	h = bits.RotateLeft64(h^binary.LittleEndian.Uint64(b[48:56]), 31) * prime1
 	h = bits.RotateLeft64(h^binary.LittleEndian.Uint64(b[56:64]), 31) * prime1
-	h ^= h >> 33
-	h *= prime2
-	h ^= h >> 29
-	h *= prime3
-	h ^= h >> 32
-	return h
+	return avalanche(h)
 }

@@ -135,39 +135,3 @@ func TestPrefixFeedbackFromResponses(t *testing.T) {
 	assert.Equal(t, uint64(3), e.counter("wasm_epp.prefix.responses.judged"))
 	assert.Equal(t, uint64(1), e.counter("wasm_epp.prefix.responses.unreported"))
 }
-
-// BenchmarkPrefixFilterRequest is BenchmarkFilterRequest (8 endpoints,
-// 4 KiB chat) with the decision tree and with prefix-aware routing, the
-// response's usage included.
-func BenchmarkPrefixFilterRequest(b *testing.B) {
-	for _, profile := range []string{"decision-tree", "prefix-aware"} {
-		b.Run(profile, func(b *testing.B) {
-			info := func() (proxywasm.LogLevel, error) { return proxywasm.LogLevelInfo, nil }
-			e, status := startEnvOpts(&testing.T{}, `{"models": [{"name": "chat", "criticality": "Standard"}], "scheduler": {"profile": "`+profile+`"}}`, Options{LogLevel: info})
-			defer e.close()
-			if status != types.OnPluginStartStatusOK {
-				b.Fatal("plugin start failed")
-			}
-			pods := make([]pod, 8)
-			for i := range pods {
-				pods[i] = pod{name: fmt.Sprintf("vllm-%03d", i), addr: fmt.Sprintf("10.0.0.%d", i+1), running: uint32(5 + i%3), kv: 0.2}
-			}
-			e.setPods(pods...)
-			body := body4K("chat")
-			resp := []byte(`{"choices":[],"usage":{"prompt_tokens":1000,"prompt_tokens_details":{"cached_tokens":900}}}`)
-			hdrs := [][2]string{{":method", "POST"}, {":path", "/v1/chat/completions"}, {":authority", "gw"},
-				{"content-type", "application/json"}, {"content-length", fmt.Sprint(len(body))}}
-			b.ReportAllocs()
-			for b.Loop() {
-				id := e.host.InitializeHttpContext()
-				e.host.CallOnRequestHeaders(id, hdrs, false)
-				if e.host.CallOnRequestBody(id, body, true) != types.ActionContinue {
-					b.Fatal("not routed")
-				}
-				e.host.CallOnResponseHeaders(id, [][2]string{{":status", "200"}}, false)
-				e.host.CallOnResponseBody(id, resp, true)
-				e.host.CompleteHttpContext(id)
-			}
-		})
-	}
-}
