@@ -207,7 +207,7 @@ func (fs *flowState) hold(vm int, id uint64, f *flight, now time.Duration) bool 
 	b, _ := flowcontrol.BandFor(f.crit)
 	// The plugin's flow key is the target model by default; the prompt's
 	// bytes stand for the body (about 4 bytes per token).
-	_, err := g.queue.Push(b, []byte(f.req.Adapter), int64(4*f.req.PromptTokens), now, fs.cfg.TTL, id)
+	_, err := g.queue.PushString(b, f.req.Adapter, int64(4*f.req.PromptTokens), now, fs.cfg.TTL, id)
 	if err != nil {
 		fs.res.Full++
 		return false

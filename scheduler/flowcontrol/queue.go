@@ -227,24 +227,49 @@ func (q *Queue[T]) Waiting(b Band) bool {
 // with ErrBusy from inside a callback. The key is copied only when the
 // flow is new.
 func (q *Queue[T]) Push(b Band, key []byte, bytes int64, now, ttl time.Duration, v T) (Handle, error) {
-	if q.busy {
-		return Handle{}, ErrBusy
+	if err := q.room(bytes); err != nil {
+		return Handle{}, err
 	}
+	fi, ok := q.flowIndex[string(key)] // no allocation for the lookup
+	if !ok {
+		fi = q.newFlow(string(key))
+	}
+	return q.push(b, fi, bytes, now, ttl, v), nil
+}
+
+// PushString is Push with the flow key as a string (a model name), which
+// it never copies.
+func (q *Queue[T]) PushString(b Band, key string, bytes int64, now, ttl time.Duration, v T) (Handle, error) {
+	if err := q.room(bytes); err != nil {
+		return Handle{}, err
+	}
+	fi, ok := q.flowIndex[key]
+	if !ok {
+		fi = q.newFlow(key)
+	}
+	return q.push(b, fi, bytes, now, ttl, v), nil
+}
+
+// room checks that a request of bytes fits both bounds.
+func (q *Queue[T]) room(bytes int64) error {
+	switch {
+	case q.busy:
+		return ErrBusy
+	case len(q.heap) >= q.maxRequests:
+		q.stats.RejectedFull++
+		return ErrFull
+	case max(bytes, 0) > q.maxBytes-q.stats.Bytes:
+		q.stats.RejectedFull++
+		return ErrFullBytes
+	}
+	return nil
+}
+
+func (q *Queue[T]) push(b Band, fi int32, bytes int64, now, ttl time.Duration, v T) Handle {
 	if b >= NumBands {
 		b = BandSheddable
 	}
-	if bytes < 0 {
-		bytes = 0
-	}
-	if len(q.heap) >= q.maxRequests {
-		q.stats.RejectedFull++
-		return Handle{}, ErrFull
-	}
-	if bytes > q.maxBytes-q.stats.Bytes {
-		q.stats.RejectedFull++
-		return Handle{}, ErrFullBytes
-	}
-	fi := q.flowFor(key)
+	bytes = max(bytes, 0)
 	ii := q.allocItem()
 	it := &q.items[ii]
 	it.value, it.enqueued, it.deadline, it.bytes = v, now, now+max(ttl, 0), bytes
@@ -275,7 +300,7 @@ func (q *Queue[T]) Push(b Band, key []byte, bytes int64, now, ttl time.Duration,
 	q.heapPush(ii)
 	q.stats.Bytes += bytes
 	q.stats.Enqueued++
-	return Handle{idx: ii, gen: it.gen}, nil
+	return Handle{idx: ii, gen: it.gen}
 }
 
 // Remove takes the request h names out of the queue (its client went
@@ -433,14 +458,11 @@ func (q *Queue[T]) allocItem() int32 {
 	return int32(len(q.items) - 1)
 }
 
-// flowFor finds or creates the flow of key. A new key takes a new record
+// newFlow makes the flow of a key not in the index. It takes a new record
 // while there are fewer than maxRequests, else the longest-idle one (whose
-// key leaves the index): Push has checked that fewer than maxRequests
+// key leaves the index): room has checked that fewer than maxRequests
 // requests are queued, so fewer flows are active and an idle one exists.
-func (q *Queue[T]) flowFor(key []byte) int32 {
-	if fi, ok := q.flowIndex[string(key)]; ok { // no allocation for the lookup
-		return fi
-	}
+func (q *Queue[T]) newFlow(key string) int32 {
 	var fi int32
 	switch {
 	case len(q.flows) < q.maxRequests:
@@ -452,7 +474,7 @@ func (q *Queue[T]) flowFor(key []byte) int32 {
 		delete(q.flowIndex, q.flows[fi].key)
 	}
 	f := &q.flows[fi]
-	*f = flow{key: string(key), idlePrev: none, idleNext: none}
+	*f = flow{key: key, idlePrev: none, idleNext: none}
 	for b := range f.head {
 		f.head[b], f.tail[b], f.ringPrev[b], f.ringNext[b] = none, none, none, none
 	}

@@ -57,10 +57,15 @@ func TestBandsThenRoundRobinThenFIFO(t *testing.T) {
 	for i, r := range arrivals {
 		push(t, q, r, 10, time.Duration(i), time.Hour)
 	}
+	// A string key names the same flow as its bytes.
+	if _, err := q.PushString(BandSheddable, "c", 10, 20, time.Hour, req{10, "c", BandSheddable}); err != nil {
+		t.Fatal(err)
+	}
 	got := drain(q, 100)
 	// Standard: flows in order of first arrival (a, b, c), one each per
-	// turn, FIFO inside each: a2 b5 c8 a3 b7 a4. Then Sheddable: a1 c6 a9.
-	want := []int{2, 5, 8, 3, 7, 4, 1, 6, 9}
+	// turn, FIFO inside each: a2 b5 c8 a3 b7 a4. Then Sheddable: a1 c6 a9
+	// c10.
+	want := []int{2, 5, 8, 3, 7, 4, 1, 6, 9, 10}
 	if !slices.Equal(got, want) {
 		t.Fatalf("release order %v, want %v", got, want)
 	}
@@ -356,11 +361,16 @@ func TestBandFor(t *testing.T) {
 func TestSteadyStateAllocatesNothing(t *testing.T) {
 	q := newQueue(t, Config{MaxRequests: 64})
 	keys := [][]byte{[]byte("model-a"), []byte("model-b"), []byte("tenant-c")}
+	models := []string{"model-a", "model-d"}
 	var hs [64]Handle
 	cycle := func() {
 		for i := range hs {
 			var err error
-			hs[i], err = q.Push(Band(i%2), keys[i%3], 4096, 0, time.Duration(i%5)*time.Millisecond, req{id: i})
+			if i%4 == 3 {
+				hs[i], err = q.PushString(Band(i%2), models[i%2], 4096, 0, time.Duration(i%5)*time.Millisecond, req{id: i})
+			} else {
+				hs[i], err = q.Push(Band(i%2), keys[i%3], 4096, 0, time.Duration(i%5)*time.Millisecond, req{id: i})
+			}
 			if err != nil {
 				panic(err)
 			}
