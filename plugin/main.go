@@ -106,7 +106,7 @@ func (p *pluginContext) OnPluginStart(int) types.OnPluginStartStatus {
 }
 
 // OnTick forwards the root context's tick to a role that has periodic work
-// (the router's prefix index sync).
+// (the router's prefix index sync and flow control's releases).
 func (p *pluginContext) OnTick() {
 	if t, ok := p.role.(interface{ OnTick() }); ok {
 		t.OnTick()

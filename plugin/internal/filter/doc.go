@@ -18,6 +18,8 @@
 //   - request.go and jsonscan.go: ParseRequest, the body check in one pass.
 //   - reply.go: the local replies (table below) and their JSON bodies.
 //   - clock.go: the clock and log-level reads, cached to spare host calls.
+//   - flow.go: flow control, the glue between the request path, the
+//     router's tick and scheduler/flowcontrol's queue.
 //
 // # Request path
 //
@@ -38,6 +40,16 @@
 //     "model" string is spliced in place when the target differs, the
 //     destination header is set to ip:port ([v6]:port), and the request
 //     continues.
+//   - with flowControl configured, a Standard or Sheddable request the
+//     scheduler drops for lack of capacity is held instead (Pause at the end
+//     of the body), and so is one arriving while requests of its band or a
+//     higher one are held (it must not overtake them). The router's tick
+//     (releaseInterval) answers those past their TTL with 429, re-reads the
+//     snapshot, and offers the rest to the scheduler in order; a released
+//     request is rewritten, gets its destination header and continues
+//     (proxy_set_effective_context, proxy_continue_stream) exactly as one
+//     routed at once. A client that goes away while held leaves the queue in
+//     on_log. See flow.go and scheduler/flowcontrol.
 //   - on_request_trailers: a request with trailers (HTTP/2) ends here, its
 //     last body callback without end of stream. The buffered body is still
 //     readable and the headers still writable, so the request is routed
@@ -72,7 +84,9 @@
 //	400 invalid_request_error / <Reason>        wasm_epp_bad_request
 //	404 invalid_request_error / model_not_found  wasm_epp_unknown_model
 //	413 invalid_request_error / request_too_large wasm_epp_too_large
-//	429 rate_limit_error / capacity_exhausted     wasm_epp_dropped
+//	429 rate_limit_error / capacity_exhausted     wasm_epp_dropped (also: flow-control queue full)
+//	429 rate_limit_error / capacity_exhausted     wasm_epp_queue_expired (held for its whole TTL;
+//	                                              the message says how long it waited)
 //	503 service_unavailable / no_endpoint         wasm_epp_no_endpoint
 //	500 server_error / internal_error             wasm_epp_internal_error
 //
@@ -97,7 +111,8 @@
 //
 //	wasm_epp.requests.<outcome>     counter: routed, fail_open, direct_response, dropped,
 //	                                bad_request, unknown_model, too_large, no_endpoint,
-//	                                internal_error (each request counts exactly once)
+//	                                internal_error, expired, abandoned (each request counts
+//	                                exactly once; a held request when it leaves the queue)
 //	wasm_epp.path.<path>            counter per scheduler decision path (Scheduler.Paths,
 //	                                "/" written as "."), defined at start
 //	wasm_epp.snapshot.decodes       counter: snapshots decoded (once per change per VM)
@@ -107,4 +122,23 @@
 //	wasm_epp.schedule_us            histogram: time spent in the scheduler per request
 //	wasm_epp.request_us             histogram: time spent in the request callbacks per
 //	                                request (parsing, snapshot, scheduling, host calls)
+//
+// With flowControl (per VM, summed over the workers by Envoy):
+//
+//	wasm_epp.flow.queued.{standard,sheddable}  gauge: requests held per band
+//	wasm_epp.flow.queued_bytes                 gauge: their body bytes
+//	wasm_epp.flow.wait_ms                      histogram: wait of each released request
+//	wasm_epp.flow.{enqueued,released,expired,rejected_full,abandoned,no_endpoint}
+//	                                           counters of the queue
+//	wasm_epp.flow.bad_ttl_header               counter: malformed TTL headers (ignored)
+//	wasm_epp.flow.long_flow_key                counter: flow keys over maxFlowKeyBytes
+//	wasm_epp.flow.admission_errors             counter: releases routed without the
+//	                                           shared admission record (store error)
+//	wasm_epp.flow.admission_contention         counter: releases put off because other
+//	                                           workers kept writing the record
+//
+// A held request counts the scheduler decision that dropped it and the one
+// that released it in wasm_epp.path.*; the blocked attempts in between are
+// not counted. Its wasm_epp.request_us is its own callback time, the wait
+// excluded.
 package filter

@@ -51,6 +51,11 @@ type httpContext struct {
 	// the response's usage when scanUsage.
 	prefix    prefixroute.Pending
 	scanUsage bool
+	// id is the stream's context id: a held request is acted on from the
+	// router's tick through proxy_set_effective_context(id).
+	id uint32
+	// held is set while flow control holds the request (flow.go).
+	held held
 }
 
 // reset readies a context for another request, keeping its buffers.
@@ -138,7 +143,8 @@ func (c *httpContext) OnHttpResponseBody(bodySize int, endOfStream bool) types.A
 // handles), so the context can serve another request. A forwarded request
 // that got no response (the client went away) counts as forwarded. A
 // response that ended without its last body chunk (no body, a reset) is
-// judged for the prefix check on what passed.
+// judged for the prefix check on what passed. A held request whose client
+// went away leaves the queue first.
 func (c *httpContext) OnHttpStreamDone() {
 	if c.pending {
 		c.r.count(c.forwarded)
@@ -146,6 +152,7 @@ func (c *httpContext) OnHttpStreamDone() {
 	if c.scanUsage {
 		c.r.prefix.ResponseDone(&c.prefix, time.Now())
 	}
+	c.abandon()
 	c.r.recycle(c)
 }
 
@@ -153,6 +160,12 @@ func (c *httpContext) begin() { c.start = c.r.clock.Since() }
 
 func (c *httpContext) account() {
 	c.spent += c.r.clock.Since() - c.start
+	c.recordCost()
+}
+
+// recordCost records the request's own callback time once it is decided
+// (for a held request: at release or expiry, its wait not included).
+func (c *httpContext) recordCost() {
 	if c.finished && !c.recorded {
 		c.recorded = true
 		c.r.m.requestMicro.Record(uint64((c.spent + time.Microsecond/2) / time.Microsecond))
@@ -193,6 +206,9 @@ func (c *httpContext) onRequestHeaders(endOfStream bool) types.Action {
 func (c *httpContext) onRequestBody(bodySize int, endOfStream bool) types.Action {
 	if c.finished {
 		return types.ActionContinue
+	}
+	if c.held.handle.Valid() {
+		return types.ActionPause // held: the tick releases it
 	}
 	r := c.r
 	if bodySize > r.cfg.MaxBodyBytes {
@@ -241,6 +257,11 @@ func (c *httpContext) route(p *Parsed, m *model, body []byte, targetModel string
 	snap := r.snapshot()
 	var req *scheduler.Request
 	if p != nil {
+		if g := r.flow; g != nil && g.mustWait(m.crit) {
+			// Requests of its band or a higher one are held: scheduling
+			// this one now would let it overtake them.
+			return c.hold(p, m, targetModel, len(body))
+		}
 		req = &r.req
 		req.Model, req.TargetModel, req.Criticality, req.Prefix = p.Model, targetModel, m.crit, nil
 		if r.prefix != nil {
@@ -253,15 +274,22 @@ func (c *httpContext) route(p *Parsed, m *model, body []byte, targetModel string
 	}
 	switch d.outcome {
 	case outDropped:
-		return c.refuse(outDropped, "", "every endpoint is at capacity and this request is sheddable: retry later")
-	case outNoEndpoint:
-		msg := "no model server endpoint is available"
-		if d.res.Outcome == scheduler.AllStale {
-			msg = "no model server endpoint has fresh metrics"
+		if r.flow != nil && p != nil {
+			return c.hold(p, m, targetModel, len(body))
 		}
-		return c.refuse(outNoEndpoint, "", msg)
+		return c.refuseDropped("")
+	case outNoEndpoint:
+		return c.refuse(outNoEndpoint, "", noEndpointMessage(d.res))
 	}
+	return c.send(p, targetModel, body, snap, d)
+}
 
+// send routes a decided request (d Routed or FailedOpen): rewrites the
+// model when the target differs, sets the destination header and counts
+// the outcome. Continue lets it go upstream; a held request is continued
+// by its release (flow.go).
+func (c *httpContext) send(p *Parsed, targetModel string, body []byte, snap *scheduler.Snapshot, d decision) types.Action {
+	r := c.r
 	if p != nil && targetModel != p.Model {
 		if !r.mayRewrite {
 			// Only the Kubernetes model table rewrites this request; the
@@ -287,6 +315,17 @@ func (c *httpContext) route(p *Parsed, m *model, body []byte, targetModel string
 	c.finished = true
 	c.forwarded, c.pending = d.outcome, true
 	return types.ActionContinue
+}
+
+func noEndpointMessage(res scheduler.Result) string {
+	if res.Outcome == scheduler.AllStale {
+		return "no model server endpoint has fresh metrics"
+	}
+	return "no model server endpoint is available"
+}
+
+func (c *httpContext) refuseDropped(why string) types.Action {
+	return c.refuse(outDropped, "", "every endpoint is at capacity"+why+" and this request is sheddable: retry later")
 }
 
 func (c *httpContext) finish(o outcome) {

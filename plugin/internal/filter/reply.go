@@ -68,6 +68,7 @@ var localReplies = [numOutcomes]localReply{
 	outDropped:      {429, "wasm_epp_dropped", "rate_limit_error", "capacity_exhausted"},
 	outNoEndpoint:   {503, "wasm_epp_no_endpoint", "service_unavailable", "no_endpoint"},
 	outInternal:     {500, "wasm_epp_internal_error", "server_error", "internal_error"},
+	outExpired:      {429, "wasm_epp_queue_expired", "rate_limit_error", "capacity_exhausted"},
 }
 
 var jsonContentType = [][2]string{{"content-type", "application/json"}}

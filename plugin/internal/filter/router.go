@@ -47,11 +47,15 @@ const (
 	// table answered the request itself (a route's direct_response, or no
 	// route): it never went upstream.
 	outDirectResponse
+	// outExpired: held by flow control for its whole TTL, then 429.
+	outExpired
+	// outAbandoned: the client went away while flow control held it.
+	outAbandoned
 	numOutcomes
 )
 
 var outcomeNames = [numOutcomes]string{"routed", "fail_open", "dropped", "bad_request",
-	"unknown_model", "too_large", "no_endpoint", "internal_error", "direct_response"}
+	"unknown_model", "too_large", "no_endpoint", "internal_error", "direct_response", "expired", "abandoned"}
 
 // Router is the router role of one plugin context on one VM: the
 // configuration, the scheduler, the per-VM snapshot cache and the buffers
@@ -110,6 +114,11 @@ type Router struct {
 	respBuf []byte
 
 	m metrics
+	// flow holds requests without capacity (flow.go); nil when flow control
+	// is off.
+	flow *flowGate
+	// prefixTick and flowTick time the work sharing the tick (OnTick).
+	prefixTick, flowTick periodic
 	// lastFailOpenWarn rate-limits the fail-open warning.
 	lastFailOpenWarn time.Time
 	lastAgeSet       time.Time
@@ -205,6 +214,13 @@ func NewRouter(cfg *config.Config, opts Options) (*Router, error) {
 	r.knownModel = r.lookupKnown
 	r.crd = newCRDTable(cfg)
 	r.defineMetrics()
+	if fc := cfg.FlowControlConfig; fc != nil {
+		// Its release tick is the plugin context's (TickPeriod, set by
+		// plugin/main.go).
+		if r.flow, err = newFlowGate(r, *fc); err != nil {
+			return nil, scheduler.PrefixError("flowControl", err)
+		}
+	}
 	return r, nil
 }
 
@@ -250,15 +266,16 @@ const maxFreeContexts = 64
 
 // NewHttpContext returns a fresh context for a request, reusing a finished
 // one when there is one: an allocation less per request.
-func (r *Router) NewHttpContext(uint32) types.HttpContext {
+func (r *Router) NewHttpContext(id uint32) types.HttpContext {
 	if n := len(r.free); n > 0 {
 		c := r.free[n-1]
 		r.free[n-1] = nil
 		r.free = r.free[:n-1]
 		c.reset(r)
+		c.id = id
 		return c
 	}
-	return &httpContext{r: r}
+	return &httpContext{r: r, id: id}
 }
 
 // recycle keeps a finished context for NewHttpContext.
@@ -269,20 +286,65 @@ func (r *Router) recycle(c *httpContext) {
 	}
 }
 
-// OnTick is the root context's tick: the prefix index syncs with the
-// other worker VMs.
+// OnTick is the root context's tick, shared by the router's periodic work:
+// the prefix index syncs with the other worker VMs, and flow control
+// expires and releases held requests (flow.go). The tick runs at the
+// shorter of their periods; each runs when its own period has come (to
+// the nearest tick).
 func (r *Router) OnTick() {
-	if r.prefix != nil {
+	now := r.clock.Since()
+	tick := r.TickPeriod()
+	if r.prefix != nil && r.prefixTick.due(now, r.prefix.TickPeriod(), tick) {
 		r.prefix.Tick()
+	}
+	if r.flow != nil && r.flowTick.due(now, r.flow.cfg.ReleaseInterval, tick) {
+		r.releaseHeld()
 	}
 }
 
-// TickPeriod is the tick the router needs (0: none).
+// TickPeriod is the tick the router needs (0: none): the shortest period
+// of its periodic work.
 func (r *Router) TickPeriod() time.Duration {
-	if r.prefix != nil {
-		return r.prefix.TickPeriod()
+	var p time.Duration
+	for _, d := range []time.Duration{r.prefixPeriod(), r.flowPeriod()} {
+		if d > 0 && (p == 0 || d < p) {
+			p = d
+		}
 	}
-	return 0
+	return p
+}
+
+func (r *Router) prefixPeriod() time.Duration {
+	if r.prefix == nil {
+		return 0
+	}
+	return r.prefix.TickPeriod()
+}
+
+func (r *Router) flowPeriod() time.Duration {
+	if r.flow == nil {
+		return 0
+	}
+	return r.flow.cfg.ReleaseInterval
+}
+
+// periodic remembers when a piece of periodic work last ran.
+type periodic struct {
+	last time.Duration
+	ran  bool
+}
+
+// due reports whether work of the given period should run at now, on a
+// tick of period tick, and records the run. Work whose period is the tick's
+// runs every tick (the timer paces it); longer periods run on the nearest
+// tick (the host re-arms the timer after each tick, so ticks come a little
+// later than tick apart: within half a tick counts as due).
+func (p *periodic) due(now, period, tick time.Duration) bool {
+	if period > tick && p.ran && now-p.last+tick/2 < period {
+		return false
+	}
+	p.last, p.ran = now, true
+	return true
 }
 
 // maxKeptResponse caps the response read buffer a router keeps.
@@ -492,16 +554,24 @@ func (r *Router) decide(req *scheduler.Request, snap *scheduler.Snapshot) decisi
 	} else {
 		res = r.sched.Schedule(req, snap)
 	}
+	d := r.record(snap, res, r.clock.Since()-start)
+	if d.outcome == outRouted && req != nil {
+		// With countRoutedSinceSnapshot, the request counts as waiting in
+		// this VM's private snapshot copy until the next decode (install)
+		// replaces it; bodyless requests are not inference.
+		r.sched.Observe(req, res)
+	}
+	return d
+}
+
+// record counts a decision the scheduler took in elapsed: its path, the
+// time, the snapshot's age, a fail-open warning. A request flow control
+// held counts the decision that released it here too (flow.go).
+func (r *Router) record(snap *scheduler.Snapshot, res scheduler.Result, elapsed time.Duration) decision {
 	d := decision{res: res}
 	switch res.Outcome {
 	case scheduler.Routed:
 		d.outcome = outRouted
-		if req != nil {
-			// With countRoutedSinceSnapshot, the request counts as waiting
-			// in this VM's private snapshot copy until the next decode
-			// (install) replaces it; bodyless requests are not inference.
-			r.sched.Observe(req, res)
-		}
 	case scheduler.FailedOpen:
 		d.outcome = outFailOpen
 	case scheduler.Dropped:
@@ -509,7 +579,6 @@ func (r *Router) decide(req *scheduler.Request, snap *scheduler.Snapshot) decisi
 	default:
 		d.outcome = outNoEndpoint
 	}
-	elapsed := r.clock.Since() - start
 	r.m.scheduleMicro.Record(uint64(elapsed / time.Microsecond))
 	if c, ok := r.pathCounter(res.Path); ok {
 		c.Increment(1)
