@@ -1,0 +1,286 @@
+package filtertest
+
+import (
+	"context"
+	"io"
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/wasm-epp/wasm-epp/e2e/envoyhost"
+)
+
+// Flow control in the real .wasm inside the host: held requests are
+// released from the router's tick with their destination set at release,
+// across worker VMs that agree on admissions through shared data.
+
+const flowRouterConfig = `{
+  "seed": 5,
+  "models": [
+    {"name": "base", "criticality": "Critical"},
+    {"name": "chat", "criticality": "Standard"},
+    {"name": "batch", "criticality": "Sheddable"},
+    {"name": "split", "criticality": "Sheddable", "targets": [{"name": "split-v2", "weight": 1}]}
+  ],
+  "flowControl": {"releaseInterval": "5ms"}
+}`
+
+func workers(n int) stackOpt { return func(c *envoyhost.Config) { c.Workers = n } }
+
+// Pod states with and without room for non-critical requests (the
+// decision tree admits them while waiting <= 5 and KV <= 0.8).
+var (
+	busyPod = podState{waiting: 50, kv: 0.95}
+	freePod = podState{kv: 0.1}
+)
+
+// async sends a request in the background; the reply arrives on the
+// returned channel (status -1 and the error text if it failed).
+func (s *stack) async(ctx context.Context, path, body string, headers ...string) <-chan reply {
+	ch := make(chan reply, 1)
+	req, err := http.NewRequestWithContext(ctx, "POST", s.router+path, strings.NewReader(body))
+	require.NoError(s.t, err)
+	req.Header.Set("Content-Type", "application/json")
+	for i := 0; i+1 < len(headers); i += 2 {
+		req.Header.Set(headers[i], headers[i+1])
+	}
+	go func() {
+		resp, err := s.client.Do(req)
+		if err != nil {
+			ch <- reply{status: -1, body: []byte(err.Error())}
+			return
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		ch <- reply{status: resp.StatusCode, header: resp.Header, body: b, pod: resp.Header.Get("X-Pod")}
+	}()
+	return ch
+}
+
+// waitStat waits until the plugin metric reaches want.
+func (s *stack) waitStat(name string, want uint64) {
+	s.t.Helper()
+	require.Eventually(s.t, func() bool {
+		v, _ := s.host.StatValue("wasmcustom." + name)
+		return v == want
+	}, 20*time.Second, 2*time.Millisecond, "%s never reached %d", name, want)
+}
+
+// worker is the VM of the router's only worker thread (stackOpt
+// workers(1)): the one serving every request.
+func (s *stack) worker() envoyhost.VMInfo {
+	s.t.Helper()
+	for _, vm := range s.host.VMInfo("router") {
+		if vm.Thread != "main" {
+			return vm
+		}
+	}
+	s.t.Fatal("no worker VM")
+	return envoyhost.VMInfo{}
+}
+
+// releaseAll pushes fresh snapshots with room until want requests were
+// released: each snapshot's slots are filled once.
+func (s *stack) releaseAll(want uint64) {
+	s.t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		if v, _ := s.host.StatValue("wasmcustom.wasm_epp.flow.released"); v >= want {
+			return
+		}
+		require.True(s.t, time.Now().Before(deadline), "released fewer than %d", want)
+		s.setPods(freePod)
+		time.Sleep(2 * time.Millisecond)
+	}
+}
+
+func (s *stack) received() int {
+	n := 0
+	for _, p := range s.pods {
+		n += len(p.requests())
+	}
+	return n
+}
+
+func TestFlowHeldRequestIsReleasedWithItsDestination(t *testing.T) {
+	s := startStack(t, flowRouterConfig, 2, workers(1))
+	s.setPods(busyPod, busyPod)
+	plain := s.async(t.Context(), "/v1/chat/completions", chat("batch"))
+	split := s.async(t.Context(), "/v1/completions", `{"model":"split","prompt":"hi"}`)
+	s.waitStat("wasm_epp.flow.queued.sheddable", 2)
+	time.Sleep(50 * time.Millisecond) // ten ticks: still no capacity
+	assert.Zero(t, s.received(), "nothing reaches a pod while every pod is at capacity")
+	assert.Empty(t, plain)
+
+	s.setPods(freePod, busyPod)
+	for _, ch := range []<-chan reply{plain, split} {
+		r := <-ch
+		require.Equal(t, http.StatusOK, r.status, "%s", r.body)
+		assert.Equal(t, "pod-0", r.pod, "the pod with room")
+	}
+	reqs := s.pods[0].requests()
+	require.Len(t, reqs, 2)
+	for _, rq := range reqs {
+		assert.Equal(t, s.pods[0].addr(), rq.Header.Get(destHeader), "destination set at release")
+	}
+	bodies := []string{string(reqs[0].Body), string(reqs[1].Body)}
+	assert.Contains(t, bodies, `{"model":"split-v2","prompt":"hi"}`, "rewritten at release")
+	assert.Contains(t, bodies, chat("batch"))
+	assert.Equal(t, uint64(2), s.stat("wasm_epp.flow.released"))
+	assert.Equal(t, uint64(2), s.stat("wasm_epp.requests.routed"))
+	assert.Zero(t, s.stat("wasm_epp.flow.queued.sheddable"))
+}
+
+func TestFlowExpiryAndBoundInHost(t *testing.T) {
+	s := startStack(t, `{"models": [{"name": "batch", "criticality": "Sheddable"}], "flowControl": {"maxRequests": 2, "releaseInterval": "5ms"}}`, 1, workers(1))
+	s.setPods(busyPod)
+	short := s.async(t.Context(), "/v1/chat/completions", chat("batch"), "x-wasm-epp-queue-ttl-ms", "30")
+	held := s.async(t.Context(), "/v1/chat/completions", chat("batch"))
+	s.waitStat("wasm_epp.flow.queued.sheddable", 2)
+	full := s.post("/v1/chat/completions", chat("batch"))
+	assert.Equal(t, http.StatusTooManyRequests, full.status, "the queue holds 2")
+	msg, _, _ := full.errorJSON(t)
+	assert.Contains(t, msg, "queue is full")
+
+	r := <-short
+	require.Equal(t, http.StatusTooManyRequests, r.status)
+	msg, typ, code := r.errorJSON(t)
+	assert.Equal(t, "rate_limit_error", typ)
+	assert.Equal(t, "capacity_exhausted", code)
+	assert.Regexp(t, `waited \d+ms \(its limit\)`, msg)
+	var details []string
+	require.Eventually(t, func() bool {
+		details = details[:0]
+		for _, e := range s.routerAccess() {
+			details = append(details, e.Details)
+		}
+		return len(details) == 2
+	}, 10*time.Second, 5*time.Millisecond)
+	assert.ElementsMatch(t, []string{"wasm_epp_dropped", "wasm_epp_queue_expired"}, details)
+	assert.Equal(t, uint64(1), s.stat("wasm_epp.requests.expired"))
+	assert.Empty(t, held, "the other one waits on (TTL 10 s)")
+	s.setPods(freePod)
+	assert.Equal(t, http.StatusOK, (<-held).status)
+}
+
+// Four worker VMs, each with its own queue, share one pod with room for
+// three: together they release three per snapshot, not three each.
+func TestFlowFourWorkersShareCapacity(t *testing.T) {
+	s := startStack(t, flowRouterConfig, 1, workers(4))
+	s.setPods(busyPod)
+	const n = 16
+	replies := make([]<-chan reply, n)
+	for i := range replies {
+		replies[i] = s.async(t.Context(), "/v1/chat/completions", chat("batch"))
+	}
+	s.waitStat("wasm_epp.flow.queued.sheddable", n)
+	perWorker := map[string]int{}
+	for _, vm := range s.host.VMInfo("router") {
+		perWorker[vm.Thread] = vm.Streams
+	}
+	t.Logf("held streams per VM: %v", perWorker)
+
+	room := podState{waiting: 3, kv: 0.1} // 3, 4, 5 waiting: three slots
+	for round := 1; round*3 <= n; round++ {
+		s.setPods(room)
+		require.Eventually(t, func() bool { return s.received() >= 3*round }, 20*time.Second, 2*time.Millisecond)
+		time.Sleep(40 * time.Millisecond) // eight ticks of every worker on the same snapshot
+		assert.Equal(t, 3*round, s.received(), "round %d: one snapshot's three slots are filled once across the four workers", round)
+	}
+	assert.Positive(t, s.stat("wasm_epp.flow.admission_contention")+s.stat("wasm_epp.flow.released"))
+	assert.Zero(t, s.stat("wasm_epp.flow.admission_errors"))
+	s.setPods(freePod)
+	for _, ch := range replies {
+		assert.Equal(t, http.StatusOK, (<-ch).status)
+	}
+}
+
+// Thousands of clients that give up while held leave no stream context,
+// queue entry or guest memory behind.
+func TestFlowAbandonedRequestsLeakNothing(t *testing.T) {
+	s := startStack(t, flowRouterConfig, 1, workers(1))
+	s.setPods(busyPod)
+	before := s.worker()
+	const batches, batch = 20, 100
+	for b := range batches {
+		ctx, cancel := context.WithCancel(t.Context())
+		var chans []<-chan reply
+		for range batch {
+			chans = append(chans, s.async(ctx, "/v1/chat/completions", chat("batch")))
+		}
+		s.waitStat("wasm_epp.flow.queued.sheddable", batch)
+		cancel()
+		for _, ch := range chans {
+			r := <-ch
+			require.Equal(t, -1, r.status, "batch %d: a cancelled request got an answer: %s", b, r.body)
+		}
+		s.waitStat("wasm_epp.flow.queued.sheddable", 0)
+	}
+	s.waitStat("wasm_epp.flow.abandoned", batches*batch)
+	assert.Equal(t, uint64(batches*batch), s.stat("wasm_epp.requests.abandoned"))
+	require.Eventually(t, func() bool { return s.worker().Streams == 0 },
+		10*time.Second, 5*time.Millisecond, "stream contexts left: %+v", s.host.VMInfo("router"))
+	after := s.worker()
+	t.Logf("guest memory %d -> %d bytes after %d abandoned requests; stream contexts %d -> %d", before.MemoryBytes, after.MemoryBytes, batches*batch, before.Streams, after.Streams)
+	assert.Less(t, after.MemoryBytes-before.MemoryBytes, uint64(16<<20))
+	assert.Zero(t, s.received(), "an abandoned request never reaches a pod")
+	// The VM is healthy and the queue works: a live request is released.
+	live := s.async(t.Context(), "/v1/chat/completions", chat("batch"))
+	s.waitStat("wasm_epp.flow.queued.sheddable", 1)
+	s.setPods(freePod)
+	assert.Equal(t, http.StatusOK, (<-live).status)
+}
+
+// A VM holding 1,000 requests of 4 KiB uses under 16 MiB more guest memory
+// than before (the bodies stay in the proxy's buffers).
+func TestFlowThousandHeldRequestsMemory(t *testing.T) {
+	if testing.Short() {
+		t.Skip("1,000 connections")
+	}
+	s := startStack(t, flowRouterConfig, 1, workers(1))
+	s.setPods(busyPod)
+	// Warm the VM up (buffers, the snapshot) with a few held and released.
+	body := `{"model":"batch","prompt":"` + strings.Repeat("x", 4096-len(`{"model":"batch","prompt":""}`)) + `"}`
+	require.Len(t, body, 4096)
+	warm := s.async(t.Context(), "/v1/completions", body)
+	s.waitStat("wasm_epp.flow.queued.sheddable", 1)
+	s.setPods(freePod)
+	require.Equal(t, http.StatusOK, (<-warm).status)
+	s.setPods(busyPod)
+	base := s.worker()
+
+	const n = 1000
+	client := &http.Client{Timeout: 60 * time.Second, Transport: &http.Transport{MaxConnsPerHost: 0, MaxIdleConnsPerHost: n}}
+	t.Cleanup(client.CloseIdleConnections)
+	s.client = client
+	var wg sync.WaitGroup
+	statuses := make(chan int, n)
+	for range n {
+		ch := s.async(t.Context(), "/v1/completions", body)
+		wg.Go(func() { statuses <- (<-ch).status })
+	}
+	s.waitStat("wasm_epp.flow.queued.sheddable", n)
+	held := s.worker()
+	grew := held.MemoryBytes - base.MemoryBytes
+	t.Logf("guest memory %d -> %d bytes with %d requests of 4 KiB held (+%.2f MiB); %d stream contexts",
+		base.MemoryBytes, held.MemoryBytes, n, float64(grew)/(1<<20), held.Streams)
+	assert.Less(t, grew, uint64(16<<20))
+	assert.Equal(t, n, held.Streams)
+	assert.Equal(t, uint64(n*4096), s.stat("wasm_epp.flow.queued_bytes"))
+	s.releaseAll(n + 1)
+	wg.Wait()
+	close(statuses)
+	ok := 0
+	for st := range statuses {
+		if st == http.StatusOK {
+			ok++
+		}
+	}
+	assert.Equal(t, n, ok)
+	assert.Equal(t, n+1, s.received(), "each request reached a pod once")
+}
