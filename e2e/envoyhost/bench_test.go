@@ -136,11 +136,23 @@ func BenchmarkFilterCallbacksTrivialPlugin(b *testing.B) {
 func BenchmarkFilterCallbacksMainPlugin(b *testing.B) {
 	code, err := os.ReadFile(wasmbuild.Plugin(b))
 	require.NoError(b, err)
-	const pluginConfig = `{"models": [{"name": "chat", "criticality": "Standard"}]}`
+	// flow=on is the same request with flow control configured and nothing
+	// queued (its release tick runs meanwhile): what flow control costs a
+	// request that does not wait.
+	for _, flow := range []string{"off", "on"} {
+		pluginConfig := `{"models": [{"name": "chat", "criticality": "Standard"}]}`
+		if flow == "on" {
+			pluginConfig = `{"models": [{"name": "chat", "criticality": "Standard"}], "flowControl": {}}`
+		}
+		benchmarkMainPlugin(b, code, pluginConfig, "flow="+flow)
+	}
+}
+
+func benchmarkMainPlugin(b *testing.B, code []byte, pluginConfig, variant string) {
 	cfg, err := config.Decode([]byte(pluginConfig))
 	require.NoError(b, err)
 	for _, n := range []int{8, 64} {
-		b.Run(fmt.Sprintf("endpoints=%d", n), func(b *testing.B) {
+		b.Run(fmt.Sprintf("endpoints=%d/%s", n, variant), func(b *testing.B) {
 			h := newHarness(b, trivialGuestPkg, withWorkers(1), withAllowStopIteration(), withPluginConfig(pluginConfig),
 				func(_ *Config, p *PluginConfig) { p.VM.Code = code })
 			// Scraped "in the future": fresh however long the benchmark runs.
