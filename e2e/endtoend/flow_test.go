@@ -40,24 +40,43 @@ func TestFlowControlHoldsSheddableUntilCapacityReturns(t *testing.T) {
 	}
 	before := served()
 
-	// Critical flood: 2 replicas × 2 sequences, the rest waits in vLLM's
-	// queue, far over the decision tree's capacity limit (5 waiting). Sent
-	// in waves a scrape apart, as in the overload test (herding).
-	const flood, wave = 24, 6
+	// Critical load: 2 replicas × 2 sequences, the rest waits in vLLM's
+	// queue, far over the decision tree's capacity limit (5 waiting). A
+	// pump keeps flood requests in flight until told to stop, so the
+	// replicas stay saturated however slowly this machine runs; new ones
+	// start a scrape apart, as in the overload test (herding).
+	const flood = 24
 	var wg sync.WaitGroup
-	crit := make(chan reply, flood)
-	for i := range flood {
-		if i > 0 && i%wave == 0 {
-			time.Sleep(testInterval + 10*time.Millisecond)
-		}
-		wg.Go(func() {
-			r, err := trySend(context.Background(), http.MethodPost, s.ClientURL()+"/v1/completions", completion(stackModel, 200), nil)
-			if err != nil {
-				r = reply{Status: -1, Body: []byte(err.Error())}
+	var mu sync.Mutex
+	var crit []reply
+	stop := make(chan struct{})
+	pumped := make(chan int, 1)
+	go func() {
+		sem := make(chan struct{}, flood)
+		n := 0
+		defer func() { pumped <- n }()
+		for {
+			select {
+			case <-stop:
+				return
+			case sem <- struct{}{}:
 			}
-			crit <- r
-		})
-	}
+			n++
+			wg.Go(func() {
+				defer func() { <-sem }()
+				r, err := trySend(context.Background(), http.MethodPost, s.ClientURL()+"/v1/completions", completion(stackModel, 200), nil)
+				if err != nil {
+					r = reply{Status: -1, Body: []byte(err.Error())}
+				}
+				mu.Lock()
+				crit = append(crit, r)
+				mu.Unlock()
+			})
+			if n%6 == 0 {
+				time.Sleep(testInterval + 10*time.Millisecond)
+			}
+		}
+	}()
 	// Wait until the gateway sees no capacity: a sheddable request would
 	// now get 429 without flow control.
 	poll(t, func() bool {
@@ -67,7 +86,7 @@ func TestFlowControlHoldsSheddableUntilCapacityReturns(t *testing.T) {
 			}
 		}
 		return true
-	}, "the critical flood did not saturate the replicas")
+	}, "the critical load did not saturate the replicas")
 	waitPushes(t, s, 2)
 
 	const shed = 8
@@ -90,10 +109,12 @@ func TestFlowControlHoldsSheddableUntilCapacityReturns(t *testing.T) {
 	poll(t, func() bool { return stat(t, s, pluginStat("flow.enqueued")) >= shed }, "sheddable requests were not queued")
 	assert.Empty(t, answers, "a sheddable request was answered while every replica was over capacity")
 
-	wg.Wait() // the flood drains, capacity returns, the queue is released
-	close(crit)
+	close(stop) // the load drains, capacity returns, the queue is released
+	floodSent := <-pumped
+	wg.Wait()
 	close(answers)
-	for r := range crit {
+	require.Len(t, crit, floodSent)
+	for _, r := range crit {
 		assert.Equal(t, http.StatusOK, r.Status, "critical: %s", r)
 	}
 	n := 0
@@ -117,8 +138,8 @@ func TestFlowControlHoldsSheddableUntilCapacityReturns(t *testing.T) {
 	assert.Zero(t, stat(t, s, pluginStat("flow.expired")))
 	assert.Zero(t, stat(t, s, pluginStat("requests.dropped")), "nothing refused")
 	// None lost, none sent twice: the replicas served exactly what was sent.
-	poll(t, func() bool { return served()-before >= flood+shed })
-	assert.Equal(t, flood+shed, served()-before)
+	poll(t, func() bool { return served()-before >= floodSent+shed })
+	assert.Equal(t, floodSent+shed, served()-before)
 }
 
 // completedRequests is what a replica counts as served
