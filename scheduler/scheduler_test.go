@@ -4,6 +4,7 @@ import (
 	"math"
 	"testing"
 	"time"
+	"unsafe"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -349,4 +350,18 @@ func TestZeroAllocations(t *testing.T) {
 			assert.Zero(t, testing.AllocsPerRun(100, func() { s.LeastLoaded(snap) }))
 		})
 	}
+}
+
+// indexOf finds every endpoint of a snapshot by its pointer, and refuses
+// one from elsewhere, even one at the same position of a copy.
+func TestIndexOf(t *testing.T) {
+	snap := snapshot(ep("a", 0, 0, nil, nil, 0), ep("b", 0, 0, nil, nil, 0), ep("c", 0, 0, nil, nil, 0))
+	for i := range snap.Endpoints {
+		assert.Equal(t, i, indexOf(snap, &snap.Endpoints[i]))
+	}
+	other := snapshot(append([]Endpoint(nil), snap.Endpoints...)...)
+	assert.Panics(t, func() { indexOf(snap, &other.Endpoints[1]) })
+	inside := &snap.Endpoints[1].Metrics // inside an element, not at its start
+	assert.Panics(t, func() { indexOf(snap, (*Endpoint)(unsafe.Pointer(inside))) })
+	assert.Panics(t, func() { indexOf(&Snapshot{}, &snap.Endpoints[0]) })
 }
