@@ -21,8 +21,8 @@ import (
 //
 //   - hold: the body callback returns Pause at the end of the body, so with
 //     allow_on_headers_stop_iteration the headers and the buffered body stay
-//     writable until the request is released (ENVOY-FACTS.md, "Holding and
-//     resuming a stream");
+//     writable until the request is released (as Envoy holds a stream:
+//     e2e/envoyhost emulates it, with its sources);
 //   - release: OnTick (every releaseInterval) expires requests past their
 //     TTL with 429, refreshes the snapshot (a new one is acted on at the
 //     next tick) and offers the queue to the scheduler; a released request
