@@ -284,3 +284,39 @@ func TestFlowThousandHeldRequestsMemory(t *testing.T) {
 	assert.Equal(t, n, ok)
 	assert.Equal(t, n+1, s.received(), "each request reached a pod once")
 }
+
+// Bad input cannot grow the queue: malformed TTL headers are ignored,
+// missing or over-long flow keys share the anonymous flow, and the bound
+// holds whatever the headers say.
+func TestFlowBadHeadersStayBounded(t *testing.T) {
+	s := startStack(t, `{"models": [{"name": "batch", "criticality": "Sheddable"}],
+	  "flowControl": {"maxRequests": 3, "flowHeader": "x-tenant", "maxFlowKeyBytes": 8, "releaseInterval": "5ms"}}`, 1, workers(1))
+	s.setPods(busyPod)
+	var held []<-chan reply
+	refused := 0
+	for i := range 10 {
+		headers := []string{"x-wasm-epp-queue-ttl-ms", []string{"soon", "-5", "1e3", "7 ms", "9s"}[i%5]}
+		if i%3 != 0 {
+			headers = append(headers, "x-tenant", strings.Repeat("t", 8+i)+"-unique") // each over the bound
+		}
+		ch := s.async(t.Context(), "/v1/chat/completions", chat("batch"), headers...)
+		if i < 3 {
+			held = append(held, ch)
+			s.waitStat("wasm_epp.flow.queued.sheddable", uint64(i+1))
+			continue
+		}
+		r := <-ch
+		require.Equal(t, http.StatusTooManyRequests, r.status, "request %d: the queue holds 3", i)
+		refused++
+	}
+	assert.Equal(t, 7, refused)
+	assert.Equal(t, uint64(3), s.stat("wasm_epp.flow.queued.sheddable"))
+	assert.Equal(t, uint64(10), s.stat("wasm_epp.flow.bad_ttl_header"), "every malformed TTL is counted and ignored")
+	assert.Equal(t, uint64(6), s.stat("wasm_epp.flow.long_flow_key"))
+	assert.Equal(t, uint64(7), s.stat("wasm_epp.flow.rejected_full"))
+	assert.NotEmpty(t, s.logs.Find("malformed x-wasm-epp-queue-ttl-ms"))
+	s.releaseAll(3)
+	for _, ch := range held {
+		assert.Equal(t, http.StatusOK, (<-ch).status, "held with the default TTL despite the malformed header")
+	}
+}
