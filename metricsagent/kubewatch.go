@@ -46,7 +46,10 @@ func newKubeObjects(gvr schema.GroupVersionResource, notify func(), badRV func(s
 	return &kubeObjects{gvr: gvr, notify: notify, badRV: badRV, objs: map[string][]byte{}}
 }
 
-var _ cache.ReflectorStore = (*kubeObjects)(nil)
+var (
+	_ cache.ReflectorStore         = (*kubeObjects)(nil)
+	_ cache.ReflectorBookmarkStore = (*kubeObjects)(nil)
+)
 
 // revision reads a resourceVersion. kube-apiserver's are etcd revisions,
 // which grow across every resource; another server's may be opaque, and
@@ -122,6 +125,26 @@ func (s *kubeObjects) Replace(list []any, rv string) error {
 	s.objs, s.rev, s.synced = objs, max(s.rev, rev), true
 	s.mu.Unlock()
 	s.notify()
+	return nil
+}
+
+// Bookmark takes a watch bookmark: every change of the resource up to rv
+// has been seen, though no object changed. Without it an agent carries the
+// resourceVersions of its last events, which stay below the list
+// resourceVersion of an agent that started later; a record that agent
+// stored would then hold off every other agent's later tables (409) after
+// it went away. kube-apiserver sends a bookmark to each watch about once
+// a minute; one that moves the revision rebuilds the record, so a table
+// the receivers refused as not newer goes out again at once.
+func (s *kubeObjects) Bookmark(rv string) error {
+	n := s.revision(rv)
+	s.mu.Lock()
+	moved := n > s.rev
+	s.rev = max(s.rev, n)
+	s.mu.Unlock()
+	if moved {
+		s.notify()
+	}
 	return nil
 }
 

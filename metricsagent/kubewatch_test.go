@@ -18,6 +18,7 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/watch"
 	dynamicfake "k8s.io/client-go/dynamic/fake"
 	"k8s.io/client-go/kubernetes/fake"
 	k8stesting "k8s.io/client-go/testing"
@@ -264,4 +265,84 @@ func TestPoolDiscovery(t *testing.T) {
 
 	require.NoError(t, f.dyn.Resource(InferencePoolGVR).Namespace("llm").Delete(ctx, "vllm-llama", metav1.DeleteOptions{}))
 	require.Eventually(t, func() bool { return len(d.Targets()) == 0 }, 10*time.Second, 10*time.Millisecond)
+}
+
+// TestWatchBookmarksAdvanceTheRevision: a record's revisions say what the
+// agent has seen of each resource, and a watch bookmark says it has seen
+// everything up to the bookmark's resourceVersion, though no object
+// changed. Without bookmarks, an agent that has run for long carries the
+// resourceVersions of its last events, far below those of an agent that
+// listed later (etcd revisions grow with every write in the cluster); once
+// that agent has stored a record and gone away (its node removed), every
+// later change got 409 from every receiver, for good.
+func TestWatchBookmarksAdvanceTheRevision(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	dyn := dynamicfake.NewSimpleDynamicClientWithCustomListKinds(runtime.NewScheme(), listKinds, testObjects(t)...)
+	watchers := map[schema.GroupVersionResource]*watch.FakeWatcher{}
+	for gvr := range listKinds {
+		fw := watch.NewFakeWithChanSize(8, false)
+		watchers[gvr] = fw
+		dyn.PrependWatchReactor(gvr.Resource, func(k8stesting.Action) (bool, watch.Interface, error) { return true, fw, nil })
+	}
+	src := NewKubeObjectSource(dyn, "llm", allServed, quietLog)
+	require.NoError(t, src.Start(ctx, 10*time.Second))
+	metrics := NewMetrics(prometheus.NewRegistry())
+	cs := NewConfigSync(ConfigSyncOptions{Source: src, PoolNamespace: "llm", PoolName: "vllm-llama", AgentID: "node-1",
+		Log: quietLog, Metrics: metrics})
+	go cs.Run(ctx)
+	record := func() *wire.DecodedConfig {
+		rec, err := wire.DecodeConfig(cs.Payload(), wire.ConfigLimits{})
+		require.NoError(t, err)
+		return rec
+	}
+	before := record()
+	require.Equal(t, wire.ConfigRevision{Pools: 101, Objectives: 205, Rewrites: 306}, before.Revision)
+
+	// An agent that started later listed everything at 5000 and stored
+	// the same table; then its node went away.
+	stored, err := wire.EncodeConfig(&wire.ConfigRecord{AgentID: "node-2", PoolNamespace: "llm", PoolName: "vllm-llama",
+		Revision: wire.ConfigRevision{Pools: 5000, Objectives: 5000, Rewrites: 5000}, Table: before.Table}, wire.ConfigLimits{})
+	require.NoError(t, err)
+
+	// kubectl edits the canary's weights. This agent has seen events up to
+	// 306 and 6100 only: the stored record (5000) may reflect changes it
+	// has not seen yet, so the receiver keeps it for now.
+	canary := unstructuredDocs(t, "rewrites.yaml")[0].(*unstructured.Unstructured)
+	rules, _, _ := unstructured.NestedSlice(canary.Object, "spec", "rules")
+	targets := rules[0].(map[string]any)["targets"].([]any)
+	targets[0].(map[string]any)["weight"] = int64(1)
+	targets[1].(map[string]any)["weight"] = int64(99)
+	require.NoError(t, unstructured.SetNestedSlice(canary.Object, rules, "spec", "rules"))
+	canary.SetResourceVersion("6100")
+	watchers[InferenceModelRewriteGVR].Modify(canary)
+	require.Eventually(t, func() bool { return record().Revision.Rewrites == 6100 }, 10*time.Second, 10*time.Millisecond)
+	_, err = wire.DecideConfig(stored, record(), wire.ConfigLimits{})
+	require.ErrorIs(t, err, wire.ErrConfigNotNewer)
+
+	// The API server's bookmarks reach this agent's watches: it has seen
+	// everything up to 6200, and its record says so at once.
+	for _, fw := range watchers {
+		bm := &unstructured.Unstructured{}
+		bm.SetResourceVersion("6200")
+		fw.Action(watch.Bookmark, bm)
+	}
+	want := wire.ConfigRevision{Pools: 6200, Objectives: 6200, Rewrites: 6200}
+	require.Eventually(t, func() bool { return record().Revision == want }, 10*time.Second, 10*time.Millisecond,
+		"revisions after the bookmarks: %v", record().Revision)
+	rec := record()
+	assert.Equal(t, []wire.WeightedTarget{wt("llama-3.1-8b", 1), wt("llama-3.2-8b", 99)}, rec.Table.Rewrites[0].Targets)
+	decision, err := wire.DecideConfig(stored, rec, wire.ConfigLimits{})
+	require.NoError(t, err, "the change must reach the Envoys that hold the departed agent's record")
+	assert.Equal(t, wire.ConfigStore, decision)
+
+	// A bookmark that does not move the revision rebuilds nothing.
+	builds := testutil.ToFloat64(metrics.ConfigBuilds)
+	watchers[InferencePoolGVR].Action(watch.Bookmark, func() *unstructured.Unstructured {
+		bm := &unstructured.Unstructured{}
+		bm.SetResourceVersion("6200")
+		return bm
+	}())
+	time.Sleep(50 * time.Millisecond)
+	assert.Equal(t, builds, testutil.ToFloat64(metrics.ConfigBuilds))
 }
