@@ -723,7 +723,7 @@ func checkInferencePool(t *testing.T, b *built, cfg metricsagent.Config) {
 			in.Rewrites = append(in.Rewrites, js)
 		}
 	}
-	res := metricsagent.BuildTable(in, "node-1", wire.ConfigLimits{})
+	res := metricsagent.BuildTable(in, wire.ConfigLimits{})
 	require.Len(t, res.Verdicts, b.objectives+b.rewrites, "every example object names the pool")
 	for _, v := range res.Verdicts {
 		assert.True(t, v.Accepted, "%s: %s %s", v.ID(), v.Reason, v.Message)

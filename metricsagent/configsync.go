@@ -107,7 +107,7 @@ func (c *ConfigSync) Rebuild() {
 	}
 	names := c.updatePool(pools)
 	res := BuildTable(TableInput{PoolNamespace: c.poolNamespace, PoolName: c.poolName, Pools: names,
-		Objectives: objectives, Rewrites: rewrites}, c.agentID, c.limits)
+		Objectives: objectives, Rewrites: rewrites}, c.limits)
 	c.report(res)
 	rec := &wire.ConfigRecord{AgentID: c.agentID, PoolNamespace: c.poolNamespace, PoolName: c.poolName, Revision: rev, Table: res.Table}
 	payload, err := wire.EncodeConfig(rec, c.limits)

@@ -56,7 +56,7 @@ func TestConfigRecordsReachEnvoys(t *testing.T) {
 
 	a.Cycle(ctx)
 	first := envoy.nextConfig(t)
-	assert.Equal(t, BuildTable(testTableInput(t), "node-1", wire.ConfigLimits{}).Table, first.Table)
+	assert.Equal(t, BuildTable(testTableInput(t), wire.ConfigLimits{}).Table, first.Table)
 	assert.Equal(t, "node-1", first.AgentID)
 
 	a.Cycle(ctx)

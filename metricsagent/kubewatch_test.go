@@ -105,7 +105,7 @@ func (f *kubeFixture) condition(t *testing.T, gvr schema.GroupVersionResource, n
 func TestKubeObjectSourceBuildsTheTable(t *testing.T) {
 	f := newKubeFixture(t, allServed, testObjects(t)...)
 	rec := f.record(t)
-	want := BuildTable(testTableInput(t), "node-1", wire.ConfigLimits{})
+	want := BuildTable(testTableInput(t), wire.ConfigLimits{})
 	assert.Equal(t, want.Table, rec.Table)
 	assert.Equal(t, wire.ConfigRevision{Pools: 101, Objectives: 205, Rewrites: 306}, rec.Revision)
 	assert.Equal(t, "llm", rec.PoolNamespace)

@@ -60,11 +60,13 @@ func (v *Verdict) ID() string { return v.Kind + " " + v.Namespace + "/" + v.Name
 // An object whose spec does not decode strictly or breaks a rule, that names
 // a pool that does not exist, or that would take the table past lim, is
 // rejected with the reason; the others are unaffected. The result depends
-// only on the input (not its order), so every agent builds the same table.
-func BuildTable(in TableInput, agentID string, lim wire.ConfigLimits) TableResult {
+// only on the input (not its order, nor which agent builds it: the byte
+// bound leaves room for the longest agent id), so every agent builds the
+// same table.
+func BuildTable(in TableInput, lim wire.ConfigLimits) TableResult {
 	lim = lim.Resolved()
 	b := &tableBuilder{in: in, lim: lim, claimed: map[string]string{},
-		size: wire.ConfigBaseSize(agentID, in.PoolNamespace, in.PoolName)}
+		size: wire.ConfigBaseSize(longestAgentID, in.PoolNamespace, in.PoolName)}
 	objectives := b.ours(in.Objectives, KindInferenceObjective, func(data []byte) (*metav1.ObjectMeta, any, error) {
 		o, err := DecodeInferenceObjective(data)
 		if err != nil {
@@ -91,6 +93,9 @@ func BuildTable(in TableInput, agentID string, lim wire.ConfigLimits) TableResul
 	})
 	return b.res
 }
+
+// longestAgentID stands for any agent's id in the size of a record.
+var longestAgentID = strings.Repeat("a", wire.MaxAgentIDLen)
 
 type tableBuilder struct {
 	in  TableInput

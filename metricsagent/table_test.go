@@ -44,7 +44,7 @@ func wt(model string, w uint32) wire.WeightedTarget {
 // TestBuildTableFromTestdata: the objects of testdata/k8s, each accepted
 // or rejected as its comment there says, mapped onto one table.
 func TestBuildTableFromTestdata(t *testing.T) {
-	res := BuildTable(testTableInput(t), "node-1", wire.ConfigLimits{})
+	res := BuildTable(testTableInput(t), wire.ConfigLimits{})
 	canary := []wire.WeightedTarget{wt("llama-3.1-8b", 90), wt("llama-3.2-8b", 10)}
 	assert.Equal(t, wire.ModelTable{
 		Rewrites: []wire.ModelRewrite{
@@ -102,17 +102,34 @@ func TestBuildTableFromTestdata(t *testing.T) {
 // order and must build the same table.
 func TestBuildTableIgnoresOrder(t *testing.T) {
 	in := testTableInput(t)
-	want := BuildTable(in, "node-1", wire.ConfigLimits{})
+	want := BuildTable(in, wire.ConfigLimits{})
 	rng := rand.New(rand.NewPCG(1, 2))
 	for range 20 {
 		rng.Shuffle(len(in.Objectives), func(i, j int) { in.Objectives[i], in.Objectives[j] = in.Objectives[j], in.Objectives[i] })
 		rng.Shuffle(len(in.Rewrites), func(i, j int) { in.Rewrites[i], in.Rewrites[j] = in.Rewrites[j], in.Rewrites[i] })
-		assert.Equal(t, want, BuildTable(in, "node-1", wire.ConfigLimits{}))
+		assert.Equal(t, want, BuildTable(in, wire.ConfigLimits{}))
+	}
+}
+
+// TestBuildTableFitsEveryAgent: the table is built without knowing which
+// agent sends it, and fits the record of any, also at the byte bound. A
+// table sized for its agent's id fitted one agent's record and not
+// another's: two versions of the table at once, at the same objects, which
+// the receivers would take in turns.
+func TestBuildTableFitsEveryAgent(t *testing.T) {
+	in := testTableInput(t)
+	for _, maxBytes := range []int{400, 500, 600, 800} {
+		lim := wire.ConfigLimits{MaxBytes: maxBytes}
+		res := BuildTable(in, lim)
+		for _, agent := range []string{"n", strings.Repeat("n", wire.MaxAgentIDLen)} {
+			_, err := wire.EncodeConfig(&wire.ConfigRecord{AgentID: agent, PoolNamespace: "llm", PoolName: "vllm-llama", Table: res.Table}, lim)
+			assert.NoError(t, err, "MaxBytes %d, agent id of %d bytes", maxBytes, len(agent))
+		}
 	}
 }
 
 func TestBuildTableBounds(t *testing.T) {
-	res := BuildTable(testTableInput(t), "node-1", wire.ConfigLimits{MaxRewrites: 2, MaxObjectives: 2})
+	res := BuildTable(testTableInput(t), wire.ConfigLimits{MaxRewrites: 2, MaxObjectives: 2})
 	assert.Equal(t, []string{"llama", "llama-chat"}, rewriteModels(res.Table), "the oldest objects fill the table")
 	assert.Nil(t, res.Table.Default, "the younger object is rejected whole, its default rule too")
 	assert.Equal(t, []wire.Objective{{Name: "batch", Priority: -5}, {Name: "interactive", Priority: 10}}, res.Table.Objectives)
@@ -123,15 +140,17 @@ func TestBuildTableBounds(t *testing.T) {
 	assert.Contains(t, reasons["InferenceModelRewrite llm/adapters"], "TooLarge: its 1 models would take the table past its bounds (2 models")
 	assert.Contains(t, reasons["InferenceObjective llm/standard"], "TooLarge: the table already holds 2 objectives")
 
-	// A byte bound that only the oldest rewrite fits in.
-	lim := wire.ConfigLimits{MaxBytes: 150}
-	res = BuildTable(testTableInput(t), "node-1", lim)
+	// A byte bound that only the oldest rewrite fits in (with room for the
+	// longest agent id).
+	lim := wire.ConfigLimits{MaxBytes: 450}
+	res = BuildTable(testTableInput(t), lim)
+	assert.Equal(t, []string{"llama", "llama-chat"}, rewriteModels(res.Table))
 	b, err := wire.EncodeConfig(&wire.ConfigRecord{AgentID: "node-1", PoolNamespace: "llm", PoolName: "vllm-llama", Table: res.Table}, lim)
 	require.NoError(t, err, "the builder keeps the record within MaxBytes")
-	assert.LessOrEqual(t, len(b), 150)
+	assert.LessOrEqual(t, len(b), 450)
 
 	// Names the receiver would refuse.
-	res = BuildTable(testTableInput(t), "node-1", wire.ConfigLimits{MaxModelNameLen: 9, MaxTargets: 1})
+	res = BuildTable(testTableInput(t), wire.ConfigLimits{MaxModelNameLen: 9, MaxTargets: 1})
 	for _, v := range res.Verdicts {
 		reasons[v.ID()] = v.Reason + ": " + v.Message
 	}
@@ -184,7 +203,7 @@ func FuzzBuildTable(f *testing.F) {
 		in := TableInput{PoolNamespace: "llm", PoolName: "vllm-llama", Pools: []string{"vllm-llama"},
 			Objectives: [][]byte{js}, Rewrites: [][]byte{js, js}}
 		lim := wire.ConfigLimits{MaxBytes: 4096}
-		res := BuildTable(in, "node-1", lim)
+		res := BuildTable(in, lim)
 		_, err := wire.EncodeConfig(&wire.ConfigRecord{AgentID: "node-1", PoolNamespace: "llm", PoolName: "vllm-llama", Table: res.Table}, lim)
 		require.NoError(t, err)
 		for _, v := range res.Verdicts {

@@ -234,6 +234,9 @@ func CheckName(s string, max int) error {
 // objectNameLen is the longest Kubernetes object name.
 const objectNameLen = 253
 
+// MaxAgentIDLen bounds a record's agent_id.
+const MaxAgentIDLen = objectNameLen
+
 // checkTargets checks one target list; an empty list is allowed only for
 // the default rule (meaning there is none).
 func checkTargets(ts []WeightedTarget, lim *ConfigLimits, where string, mayBeEmpty bool) *Error {
