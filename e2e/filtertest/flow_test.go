@@ -2,6 +2,8 @@ package filtertest
 
 import (
 	"context"
+	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
 	"strings"
@@ -318,5 +320,43 @@ func TestFlowBadHeadersStayBounded(t *testing.T) {
 	s.releaseAll(3)
 	for _, ch := range held {
 		assert.Equal(t, http.StatusOK, (<-ch).status, "held with the default TTL despite the malformed header")
+	}
+}
+
+// Release order in the real .wasm: Standard before Sheddable, tenants in
+// turn, first in first out inside a tenant. One free slot per snapshot
+// releases one request at a time; the pod sees them in release order.
+func TestFlowReleaseOrderInHost(t *testing.T) {
+	s := startStack(t, `{"models": [{"name": "chat", "criticality": "Standard"}, {"name": "batch", "criticality": "Sheddable"}],
+	  "flowControl": {"flowHeader": "x-tenant", "releaseInterval": "5ms"}}`, 1, workers(1))
+	s.setPods(busyPod)
+	arrivals := []struct{ model, tenant string }{
+		{"batch", "a"}, {"chat", "a"}, {"chat", "a"}, {"chat", "b"}, {"batch", "b"}, {"chat", "a"}, {"chat", "c"},
+	}
+	var replies []<-chan reply
+	for i, a := range arrivals {
+		body := fmt.Sprintf(`{"model":%q,"prompt":"%s/%s#%d"}`, a.model, a.model, a.tenant, i)
+		replies = append(replies, s.async(t.Context(), "/v1/completions", body, "x-tenant", a.tenant))
+		s.waitStat("wasm_epp.flow.enqueued", uint64(i+1)) // arrival order is queue order
+	}
+	oneSlot := podState{waiting: 5, kv: 0.1}
+	for round := 1; round <= len(arrivals); round++ {
+		s.setPods(oneSlot)
+		require.Eventually(t, func() bool { return s.received() >= round }, 20*time.Second, 2*time.Millisecond)
+	}
+	var order []string
+	for _, rq := range s.pods[0].requests() {
+		var v struct {
+			Prompt string `json:"prompt"`
+		}
+		require.NoError(t, json.Unmarshal(rq.Body, &v))
+		order = append(order, v.Prompt)
+	}
+	assert.Equal(t, []string{
+		"chat/a#1", "chat/b#3", "chat/c#6", "chat/a#2", "chat/a#5", // Standard: a, b, c in turn; FIFO inside a
+		"batch/a#0", "batch/b#4", // then Sheddable
+	}, order)
+	for _, ch := range replies {
+		assert.Equal(t, http.StatusOK, (<-ch).status)
 	}
 }
