@@ -107,6 +107,10 @@ func TestHeldStreamResumedFromTickBodyPause(t *testing.T) {
 	id := h.heldID()
 	assert.Equal(t, []string{"replace", id, "0"}, h.holdLine("replace "+id), "with the flag the headers are still writable")
 	assert.Equal(t, []string{"body", id, "13"}, h.holdLine("body "+id), "the buffered body is readable from the tick")
+	// Continuing drops the request maps, not the body: while buffering,
+	// the body is the decoding buffer (envoy context.cc getBuffer, and
+	// continueStream leaves buffering_request_body_ set).
+	assert.Equal(t, []string{"body_after_continue", id, "13"}, h.holdLine("body_after_continue "+id))
 }
 
 func TestHeldStreamClosedFromTick(t *testing.T) {

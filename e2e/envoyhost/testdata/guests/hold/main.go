@@ -249,6 +249,8 @@ func release(id uint32, s *stream) {
 		logf("body", itoa(id), itoa(length))
 		logf("continue", itoa(id), itoa(proxyContinueStream(streamRequest)))
 		logf("after_continue", itoa(id), itoa(replaceHeader("x-late", "1")))
+		proxyGetBufferStatus(bufferRequestBody, &length, &flags)
+		logf("body_after_continue", itoa(id), itoa(length))
 	case "close":
 		logf("close", itoa(id), itoa(proxyCloseStream(streamRequest)))
 	case "reply":
