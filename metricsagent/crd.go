@@ -181,6 +181,11 @@ func decodeObject(data []byte, gvr schema.GroupVersionResource, kind string, met
 	if err := json.Unmarshal(env.Metadata, meta); err != nil {
 		return invalid("metadata: %v", err)
 	}
+	// The API server never sends an object without a valid name; a file
+	// (--test-objects-file) may. An objective's name goes into the table.
+	if err := wire.CheckName(meta.Name, wire.MaxObjectNameLen); err != nil {
+		return invalid("metadata.name %q: %v", meta.Name, err)
+	}
 	if len(env.Spec) == 0 || string(env.Spec) == "null" {
 		return invalid("spec is missing")
 	}

@@ -95,7 +95,7 @@ func BuildTable(in TableInput, lim wire.ConfigLimits) TableResult {
 }
 
 // longestAgentID stands for any agent's id in the size of a record.
-var longestAgentID = strings.Repeat("a", wire.MaxAgentIDLen)
+var longestAgentID = strings.Repeat("a", wire.MaxObjectNameLen)
 
 type tableBuilder struct {
 	in  TableInput

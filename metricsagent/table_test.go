@@ -121,7 +121,7 @@ func TestBuildTableFitsEveryAgent(t *testing.T) {
 	for _, maxBytes := range []int{400, 500, 600, 800} {
 		lim := wire.ConfigLimits{MaxBytes: maxBytes}
 		res := BuildTable(in, lim)
-		for _, agent := range []string{"n", strings.Repeat("n", wire.MaxAgentIDLen)} {
+		for _, agent := range []string{"n", strings.Repeat("n", wire.MaxObjectNameLen)} {
 			_, err := wire.EncodeConfig(&wire.ConfigRecord{AgentID: agent, PoolNamespace: "llm", PoolName: "vllm-llama", Table: res.Table}, lim)
 			assert.NoError(t, err, "MaxBytes %d, agent id of %d bytes", maxBytes, len(agent))
 		}

@@ -234,8 +234,9 @@ func CheckName(s string, max int) error {
 // objectNameLen is the longest Kubernetes object name.
 const objectNameLen = 253
 
-// MaxAgentIDLen bounds a record's agent_id.
-const MaxAgentIDLen = objectNameLen
+// MaxObjectNameLen bounds a record's agent_id, pool names and objective
+// names (Kubernetes object names).
+const MaxObjectNameLen = objectNameLen
 
 // checkTargets checks one target list; an empty list is allowed only for
 // the default rule (meaning there is none).
