@@ -132,11 +132,19 @@ func TestPrefixFeedbackInTheHost(t *testing.T) {
 		v, _ := h.host.StatValue("wasmcustom.wasm_epp." + name)
 		return v
 	}
+	// The tracker's counters are published on the tick (every 50 ms).
+	waitStat := func(name string, want uint64) {
+		deadline := time.Now().Add(20 * time.Second)
+		for stat(name) < want {
+			require.True(t, time.Now().Before(deadline), "%s stayed at %d, want %d", name, stat(name), want)
+			time.Sleep(5 * time.Millisecond)
+		}
+	}
 	body := chatJSON(strings.Repeat("Shared manual text. ", 60), "q")
 	routeOn(t, h, cfg, 1, body, []byte(`{"usage":{"prompt_tokens":300,"prompt_tokens_details":{"cached_tokens":0}}}`))
 	routeOn(t, h, cfg, 1, body, []byte(`{"choices":[],"usage":{"prompt_tokens":300,"prompt_tokens_details":{"cached_tokens":0}}}`))
+	waitStat("prefix.responses.judged", 2)
 	require.Equal(t, uint64(1), stat("prefix.responses.mispredicted"))
-	require.Equal(t, uint64(2), stat("prefix.responses.judged"))
 	require.Greater(t, stat("prefix.predicted_cached_tokens"), uint64(250))
 	consistent := stat("path.prefix.consistent")
 	routeOn(t, h, cfg, 1, body, nil)

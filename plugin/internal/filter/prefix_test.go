@@ -57,6 +57,7 @@ func TestPrefixConversationStaysOnItsEndpoint(t *testing.T) {
 		assert.Equal(t, first.dest(), r.dest(), "turn %d", turn)
 		e.respond(r)
 	}
+	e.host.Tick() // the tracker's counters are published on the tick
 	assert.Equal(t, uint64(5), e.counter("wasm_epp.path.prefix.affinity"))
 	assert.Equal(t, uint64(1), e.counter("wasm_epp.path.prefix.consistent"))
 	assert.Equal(t, uint64(6), e.counter("wasm_epp.prefix.hashed_requests"))
@@ -114,11 +115,13 @@ func TestPrefixFeedbackFromResponses(t *testing.T) {
 	second := e.post("/v1/chat/completions", nil, body)
 	require.Equal(t, first.dest(), second.dest())
 	e.respond(second, `{"id":"x","choices":[{"message":{"content":"ok"}}],"usage":{"prompt_to`, `kens":400,"prompt_tokens_details":{"cached_tok`, `ens":0}}}`)
+	e.host.Tick()
 	assert.Equal(t, uint64(1), e.counter("wasm_epp.prefix.responses.mispredicted"))
 	assert.Greater(t, e.counter("wasm_epp.prefix.predicted_cached_tokens"), uint64(300))
 	// The entries are gone: the next request is a cold prefix again.
 	third := e.post("/v1/chat/completions", nil, body)
 	e.respond(third)
+	e.host.Tick()
 	assert.Equal(t, uint64(2), e.counter("wasm_epp.path.prefix.consistent"))
 	assert.Equal(t, uint64(1), e.counter("wasm_epp.prefix.responses.unreported"), "a response without usage is not judged")
 
@@ -127,11 +130,13 @@ func TestPrefixFeedbackFromResponses(t *testing.T) {
 	r := e.post("/v1/chat/completions", nil, stream)
 	e.respond(r, "data: {\"choices\":[{\"delta\":{\"content\":\"hi\"}}]}\n\n",
 		"data: {\"choices\":[],\"usage\":{\"prompt_tokens\":400,\"prompt_tokens_details\":{\"cached_tokens\":380}}}\n\ndata: [DONE]\n\n")
+	e.host.Tick()
 	assert.Equal(t, uint64(3), e.counter("wasm_epp.prefix.responses.judged"))
 	assert.Equal(t, uint64(380), e.counter("wasm_epp.prefix.reported_cached_tokens"))
 	plain := strings.TrimSuffix(body, "}") + `,"stream":true}`
 	r = e.post("/v1/chat/completions", nil, plain)
 	e.respond(r, "data: {\"choices\":[{\"delta\":{\"content\":\"hi\"}}]}\n\ndata: [DONE]\n\n")
+	e.host.Tick()
 	assert.Equal(t, uint64(3), e.counter("wasm_epp.prefix.responses.judged"))
 	assert.Equal(t, uint64(1), e.counter("wasm_epp.prefix.responses.unreported"))
 }

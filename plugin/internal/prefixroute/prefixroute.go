@@ -55,6 +55,9 @@ type Tracker struct {
 	last    prefix.Stats
 }
 
+// metrics are the tracker's counters. Requests add to plain fields
+// (counts); the tick publishes what changed: a host call per counter per
+// request would cost more than the hashing of a 4 KiB prompt in the guest.
 type metrics struct {
 	hashed, hashBytes, hashNanos          proxywasm.MetricCounter
 	predicted, reported, promptTokens     proxywasm.MetricCounter
@@ -62,7 +65,15 @@ type metrics struct {
 	recorded, forgotten, evicted, dropped proxywasm.MetricCounter
 	fetched, casRetries                   proxywasm.MetricCounter
 	entries                               proxywasm.MetricGauge
-	hashMicros                            proxywasm.MetricHistogram
+
+	counts, published counts
+}
+
+// counts are the request-path counters not yet published.
+type counts struct {
+	hashed, hashBytes, hashNanos      uint64
+	predicted, reported, promptTokens uint64
+	judged, mispredicted, unreported  uint64
 }
 
 // New builds the tracker of one VM; keyPrefix starts its shared-data keys.
@@ -98,8 +109,7 @@ func (t *Tracker) defineMetrics() {
 		recorded:   c("wasm_epp.prefix.index.recorded"), forgotten: c("wasm_epp.prefix.index.forgotten"),
 		evicted: c("wasm_epp.prefix.index.evicted"), dropped: c("wasm_epp.prefix.index.dropped_writes"),
 		fetched: c("wasm_epp.prefix.index.fetched_buckets"), casRetries: c("wasm_epp.prefix.index.cas_retries"),
-		entries:    proxywasm.DefineGaugeMetric("wasm_epp.prefix.index.entries"),
-		hashMicros: proxywasm.DefineHistogramMetric("wasm_epp.prefix.hash_us"),
+		entries: proxywasm.DefineGaugeMetric("wasm_epp.prefix.index.entries"),
 	}
 }
 
@@ -131,14 +141,10 @@ func (t *Tracker) Hash(target string, p Prompt) error {
 
 // Hashed counts one hashed request and the time it took.
 func (t *Tracker) Hashed(elapsed time.Duration) {
-	t.m.hashed.Increment(1)
-	if n := t.hasher.Bytes(); n > 0 {
-		t.m.hashBytes.Increment(uint64(n))
-	}
-	if elapsed > 0 {
-		t.m.hashNanos.Increment(uint64(elapsed))
-	}
-	t.m.hashMicros.Record(uint64(elapsed / time.Microsecond))
+	c := &t.m.counts
+	c.hashed++
+	c.hashBytes += uint64(t.hasher.Bytes())
+	c.hashNanos += uint64(max(elapsed, 0))
 }
 
 // Blocks is the last hashed prompt's block count.
@@ -194,23 +200,18 @@ func (t *Tracker) ResponseDone(p *Pending, now time.Time) {
 	p.active = false
 	p.scanner.Finish()
 	prompt, cached, havePrompt, haveCached := p.scanner.Result()
+	c := &t.m.counts
 	if !havePrompt || !haveCached {
-		t.m.unreported.Increment(1)
+		c.unreported++
 		return
 	}
 	predictedTokens, forget := prefix.Judge(p.blocks, p.predicted, prompt, cached, t.cfg.Index.RecordEvery)
-	t.m.judged.Increment(1)
-	if predictedTokens > 0 {
-		t.m.predicted.Increment(uint64(predictedTokens))
-	}
-	if cached > 0 {
-		t.m.reported.Increment(uint64(min(cached, prompt)))
-	}
-	if prompt > 0 {
-		t.m.promptTokens.Increment(uint64(prompt))
-	}
+	c.judged++
+	c.predicted += uint64(max(predictedTokens, 0))
+	c.reported += uint64(max(min(cached, prompt), 0))
+	c.promptTokens += uint64(max(prompt, 0))
 	if forget >= 0 {
-		t.m.mispredicted.Increment(1)
+		c.mispredicted++
 		t.index.Forget(p.kept, p.endpoint, forget, now)
 	}
 }
@@ -234,6 +235,18 @@ func (t *Tracker) Tick() {
 	add(t.m.fetched, s.Fetched, t.last.Fetched)
 	add(t.m.casRetries, s.CASRetries, t.last.CASRetries)
 	t.last = s
+	c, p := &t.m.counts, &t.m.published
+	for _, x := range []struct {
+		m         proxywasm.MetricCounter
+		now, then uint64
+	}{{t.m.hashed, c.hashed, p.hashed}, {t.m.hashBytes, c.hashBytes, p.hashBytes}, {t.m.hashNanos, c.hashNanos, p.hashNanos},
+		{t.m.predicted, c.predicted, p.predicted}, {t.m.reported, c.reported, p.reported}, {t.m.promptTokens, c.promptTokens, p.promptTokens},
+		{t.m.judged, c.judged, p.judged}, {t.m.mispredicted, c.mispredicted, p.mispredicted}, {t.m.unreported, c.unreported, p.unreported}} {
+		if x.now > x.then {
+			x.m.Increment(x.now - x.then)
+		}
+	}
+	*p = *c
 	// Every VM holds the same shared entries: the last writer's count.
 	if d := int64(t.index.Entries()) - t.m.entries.Value(); d != 0 {
 		t.m.entries.Add(d)

@@ -110,6 +110,7 @@ func TestFeedbackCorrectsTheIndex(t *testing.T) {
 	var req scheduler.Request
 	tr.Prepare(&req, snap)
 	assert.Zero(t, req.Prefix.MatchedBlocks(&snap.Endpoints[0]), "the mispredicted entries are gone")
+	tr.Tick() // counters are published on the tick
 	m, err := host.GetCounterMetric("wasm_epp.prefix.responses.mispredicted")
 	require.NoError(t, err)
 	assert.Equal(t, uint64(1), m)
@@ -121,6 +122,7 @@ func TestFeedbackCorrectsTheIndex(t *testing.T) {
 	pred = route(t, tr, snap, msgs, 1, t0.Add(4*time.Second), &p)
 	p.ResponseBody([]byte("data: {\"choices\":[{\"delta\":{\"content\":\"ok\"}}]}\n\ndata: [DONE]\n\n"))
 	tr.ResponseDone(&p, t0.Add(5*time.Second))
+	tr.Tick()
 	tr.Prepare(&req, snap)
 	assert.Equal(t, pred, req.Prefix.MatchedBlocks(&snap.Endpoints[1]))
 	un, _ := host.GetCounterMetric("wasm_epp.prefix.responses.unreported")
