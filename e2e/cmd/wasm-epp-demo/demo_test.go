@@ -92,11 +92,17 @@ func TestJobBody(t *testing.T) {
 	body := string(j.body())
 	require.Contains(t, body, `"messages":[{`)
 	require.Contains(t, body, `"stream":true`)
+	require.Contains(t, body, `"stream_options":{"include_usage":true}`, "streams ask for the usage chunk")
 	require.Greater(t, len(body), 400, "4 characters per prompt token")
-	require.Less(t, len(body), 520)
+	require.Less(t, len(body), 560)
 	j.Chat = false
 	require.Equal(t, "/v1/completions", j.path())
-	require.Contains(t, string(j.body()), `"prompt":"SELECT`)
+	require.Contains(t, string(j.body()), `"prompt":"Tenant 0 schema. SELECT`)
+	// Jobs share one of sharedContexts contexts, then differ.
+	other := job{Seq: sharedContexts, Model: "sql-lora-1", PromptToks: 100, MaxTokens: 8}
+	a, b := string(j.body()), string(other.body())
+	require.NotEqual(t, a, b)
+	require.Equal(t, a[:300], b[:300])
 }
 
 func TestReadStream(t *testing.T) {
@@ -201,4 +207,18 @@ func TestParseFlags(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, 5*time.Second, o.duration)
 	require.Equal(t, "http://localhost:10000", o.url)
+}
+
+func TestSummaryPrefixHitRate(t *testing.T) {
+	rs := []result{
+		{job: job{Model: "m"}, Status: 200, PromptTokens: 100, CachedTokens: 80},
+		{job: job{Model: "m"}, Status: 200, PromptTokens: 100, CachedTokens: 0},
+		{job: job{Model: "m"}, Status: 200, PromptTokens: 100, CachedTokens: -1},
+	}
+	s := summarize(rs, time.Second, time.Second, 0)
+	require.Equal(t, 2, s.Reported)
+	require.Equal(t, int64(80), s.CachedTokens)
+	var out strings.Builder
+	s.write(&out)
+	require.Contains(t, out.String(), "Prefix cache hit rate: 40.0% of 200 prompt tokens")
 }

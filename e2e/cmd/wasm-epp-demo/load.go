@@ -6,6 +6,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"math"
 	"math/rand/v2"
@@ -162,14 +163,24 @@ func plan(shape loadShape, mix []mixEntry) []job {
 	return jobs
 }
 
+// sharedContexts is how many long contexts the demo's prompts start with
+// (a schema per tenant, as an assistant re-sends it with every question).
+const sharedContexts = 12
+
 // body renders the OpenAI request. The prompt is real text of about the
 // planned length (the simulator counts 4 bytes per token), so the
-// plugin parses bodies of realistic size.
+// plugin parses bodies of realistic size: one of sharedContexts contexts,
+// then the job's own question. Streams ask for the usage chunk.
 func (j job) body() []byte {
 	const sentence = "SELECT name FROM users; "
 	n := j.PromptToks * vllmsim.BytesPerToken
-	text := strings.Repeat(sentence, n/len(sentence)+1)[:n]
+	context := fmt.Sprintf("Tenant %d schema. ", j.Seq%sharedContexts)
+	question := fmt.Sprintf(" Question %d: which indexes help?", j.Seq)
+	text := context + strings.Repeat(sentence, n/len(sentence)+1)[:max(n-len(context)-len(question), 0)] + question
 	req := map[string]any{"model": j.Model, "max_tokens": j.MaxTokens, "stream": j.Stream}
+	if j.Stream {
+		req["stream_options"] = map[string]any{"include_usage": true}
+	}
 	if j.Chat {
 		req["messages"] = []map[string]string{{"role": "user", "content": text}}
 	} else {
@@ -208,6 +219,25 @@ type result struct {
 	Target   string        // the model the replica served (after traffic split)
 	Tokens   int
 	Hit      hit
+	// PromptTokens and CachedTokens are the response's usage (-1: the
+	// server did not report cached tokens).
+	PromptTokens, CachedTokens int
+}
+
+// usage is an OpenAI usage block.
+type usage struct {
+	PromptTokens        int `json:"prompt_tokens"`
+	CompletionTokens    int `json:"completion_tokens"`
+	PromptTokensDetails *struct {
+		CachedTokens int `json:"cached_tokens"`
+	} `json:"prompt_tokens_details"`
+}
+
+func (r *result) setUsage(u *usage) {
+	r.PromptTokens, r.CachedTokens = u.PromptTokens, -1
+	if u.PromptTokensDetails != nil {
+		r.CachedTokens = u.PromptTokensDetails.CachedTokens
+	}
 }
 
 // driver sends jobs and collects results.
@@ -302,7 +332,7 @@ func (d *driver) snapshot() []result {
 }
 
 func (d *driver) do(ctx context.Context, j job) result {
-	r := result{job: j, Sent: time.Now()}
+	r := result{job: j, Sent: time.Now(), CachedTokens: -1}
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, d.base+j.path(), bytes.NewReader(j.body()))
 	if err != nil {
 		r.ErrType = err.Error()
@@ -340,14 +370,13 @@ func (d *driver) do(ctx context.Context, j job) result {
 	default:
 		var body struct {
 			Model string `json:"model"`
-			Usage struct {
-				CompletionTokens int `json:"completion_tokens"`
-			} `json:"usage"`
+			Usage usage  `json:"usage"`
 		}
 		if err := json.NewDecoder(resp.Body).Decode(&body); err != nil {
 			r.ErrType = "bad response body: " + err.Error()
 		}
 		r.Target, r.Tokens = body.Model, body.Usage.CompletionTokens
+		r.setUsage(&body.Usage)
 	}
 	r.Latency = time.Since(r.Sent)
 	target := r.Target
@@ -380,11 +409,15 @@ func readStream(body io.Reader, r *result) string {
 		var chunk struct {
 			Model   string            `json:"model"`
 			Choices []json.RawMessage `json:"choices"`
+			Usage   *usage            `json:"usage"`
 		}
 		if err := json.Unmarshal([]byte(data), &chunk); err != nil {
 			return "bad stream chunk: " + err.Error()
 		}
 		r.Target = chunk.Model
+		if chunk.Usage != nil {
+			r.setUsage(chunk.Usage)
+		}
 		if len(chunk.Choices) > 0 {
 			r.Tokens++
 		}

@@ -26,6 +26,10 @@ type summary struct {
 	Models   map[string]*modelStats
 	Hits     int
 	Misses   int
+	// PromptTokens and CachedTokens sum the usage of the successful
+	// responses that reported cached tokens (Reported of them).
+	PromptTokens, CachedTokens int64
+	Reported                   int
 }
 
 type modelStats struct {
@@ -60,6 +64,11 @@ func summarize(results []result, sending, elapsed time.Duration, skipped int) su
 			name := replicaName(r)
 			s.Replicas[name]++
 			m.Replicas[name]++
+			if r.CachedTokens >= 0 {
+				s.Reported++
+				s.PromptTokens += int64(r.PromptTokens)
+				s.CachedTokens += int64(min(r.CachedTokens, r.PromptTokens))
+			}
 		case r.Status == http.StatusTooManyRequests:
 			s.Dropped++
 			m.Dropped++
@@ -175,6 +184,13 @@ func (s summary) write(w io.Writer) {
 	fmt.Fprintf(w, "\nAdapter hit rate: %s of %d judged adapter requests went to a replica already running or queuing that adapter\n",
 		pct(s.Hits, s.Hits+s.Misses), s.Hits+s.Misses)
 	fmt.Fprintln(w, "  (judged by the demo's own scrape of the replica's /metrics just before the request was sent; a miss needed a free adapter slot)")
+
+	if s.Reported > 0 {
+		fmt.Fprintf(w, "\nPrefix cache hit rate: %.1f%% of %d prompt tokens were served from the replicas' prefix caches (usage.prompt_tokens_details.cached_tokens of %d responses)\n",
+			100*float64(s.CachedTokens)/float64(max(s.PromptTokens, 1)), s.PromptTokens, s.Reported)
+	} else {
+		fmt.Fprintln(w, "\nPrefix cache hit rate: not reported (the replicas sent no cached_tokens)")
+	}
 
 	fmt.Fprintf(w, "\nDrops: %d requests answered 429 (sheddable requests while every replica was saturated)\n", s.Dropped)
 	if failed > 0 {
