@@ -274,17 +274,17 @@ func testAffinity(t *testing.T, s *stack.Stack) {
 	waitPushes(t, s, 3)
 
 	const n = 40
-	away := 0
+	served := map[string]int{}
 	for range n {
 		r := complete(t, s, adapter, 2)
 		require.Equal(t, http.StatusOK, r.Status, r.String())
-		if r.served(s) != home {
-			away++
-		}
+		served[r.served(s)]++
 	}
-	// The seed's affinity filter keeps the affinity group with probability
-	// 0.999 when other replicas have free slots: allow one stray request.
-	assert.LessOrEqual(t, away, 1, "%d of %d requests for %s left %s, which runs it", away, n, adapter, home)
+	// The default profile (prefix-aware, with the scoring profile's LoRA
+	// weights) keeps an adapter where it runs; it may add a second replica
+	// when the first is the busier one (the home runs the long stream), as
+	// the seed's tree spreads an adapter only when it must. Never more.
+	assert.LessOrEqual(t, len(served), 2, "requests for %s spread over %v, home %s", adapter, served, home)
 
 	// An adapter nobody runs spreads to replicas with free slots: every
 	// replica has room here, so it may land anywhere but must succeed.
