@@ -154,6 +154,8 @@ var CSVHeader = []string{
 	"e2e_mean_ms", "e2e_p50_ms", "e2e_p90_ms", "e2e_p99_ms",
 	"adapter_loads", "preemptions", "mean_active_adapters", "routed_per_replica",
 	"prompt_tokens", "cached_tokens", "prefix_hit_rate",
+	"predicted_judged", "predicted_cached_tokens", "predicted_reported_cached_tokens", "predicted_prompt_tokens", "mispredicted",
+	"predicted_hits", "reported_hits", "both_hits",
 }
 
 // WriteCSV writes one row per run.
@@ -181,6 +183,9 @@ func (rep *Report) WriteCSV(w io.Writer) error {
 			row = append(row, q(r.E2E)...)
 			row = append(row, strconv.FormatInt(r.AdapterLoads, 10), strconv.FormatInt(r.Preemptions, 10), f(r.MeanActiveAdapters), strings.Join(routed, ";"),
 				strconv.FormatInt(r.PromptTokens, 10), strconv.FormatInt(r.CachedTokens, 10), strconv.FormatFloat(r.HitRate(), 'f', 4, 64))
+			p := r.Prediction
+			row = append(row, strconv.Itoa(p.Judged), strconv.FormatInt(p.PredictedTokens, 10), strconv.FormatInt(p.CachedTokens, 10),
+				strconv.FormatInt(p.PromptTokens, 10), strconv.Itoa(p.Mispredicted), strconv.Itoa(p.PredictedHits), strconv.Itoa(p.ReportedHits), strconv.Itoa(p.BothHits))
 			if err := cw.Write(row); err != nil {
 				return err
 			}
