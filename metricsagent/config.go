@@ -43,6 +43,11 @@ type Config struct {
 	WriteStatus     bool
 	ConfigPushPath  string
 	ConfigResend    time.Duration
+	// MaxTableBytes and MaxModelNameLength are the receivers' bounds on a
+	// record (receiver.maxConfigBytes, maxModelNameLength): objects past
+	// them are rejected one by one instead of the whole record.
+	MaxTableBytes      int
+	MaxModelNameLength int
 
 	// Scraping.
 	Interval      time.Duration
@@ -89,6 +94,8 @@ func newFlagSet(cfg *Config, kvNames *string, logLevel *string) *flag.FlagSet {
 	fs.BoolVar(&cfg.WriteStatus, "write-status", true, "write an Accepted condition on each InferenceObjective and InferenceModelRewrite of the pool (RBAC: update on their /status)")
 	fs.StringVar(&cfg.ConfigPushPath, "config-push-path", wire.ConfigPath, "HTTP path of the receiver for the model table")
 	fs.DurationVar(&cfg.ConfigResend, "config-resend", time.Second, "push the model table again at least this often (an Envoy that restarted gets it back within this time)")
+	fs.IntVar(&cfg.MaxTableBytes, "max-table-bytes", wire.DefaultConfigLimits().MaxBytes, "largest model-table record: the plugin's receiver.maxConfigBytes (objects that would pass it are rejected, TooLarge)")
+	fs.IntVar(&cfg.MaxModelNameLength, "max-model-name-length", wire.DefaultConfigLimits().MaxModelNameLen, "longest model name in the model table: the plugin's maxModelNameLength (objects with longer names are rejected)")
 	fs.DurationVar(&cfg.Interval, "interval", 50*time.Millisecond, "time between two scrape-and-push cycles")
 	fs.DurationVar(&cfg.ScrapeTimeout, "scrape-timeout", 40*time.Millisecond, "timeout of one scrape; must be shorter than --interval")
 	fs.Int64Var(&cfg.MaxBodyBytes, "max-body-bytes", 4<<20, "largest metrics body read; a longer one fails the scrape")
@@ -209,6 +216,12 @@ func (c *Config) validate() error {
 	if c.ConfigResend <= 0 {
 		bad("--config-resend must be positive")
 	}
+	if c.MaxTableBytes < 1 || c.MaxTableBytes > maxTableBytes {
+		bad("--max-table-bytes must be between 1 and %d (the receiver's bound)", maxTableBytes)
+	}
+	if c.MaxModelNameLength < 1 {
+		bad("--max-model-name-length must be positive")
+	}
 	if !strings.HasPrefix(c.ConfigPushPath, "/") || c.ConfigPushPath == c.PushPath {
 		bad("--config-push-path must start with / and differ from --push-path")
 	}
@@ -231,6 +244,14 @@ func (c *Config) validate() error {
 		bad("--log-format %q: want json or text", c.LogFormat)
 	}
 	return errors.Join(errs...)
+}
+
+// maxTableBytes is the most the plugin's receiver.maxConfigBytes allows.
+const maxTableBytes = 16 << 20
+
+// TableLimits are the bounds the model table is built within.
+func (c *Config) TableLimits() wire.ConfigLimits {
+	return wire.ConfigLimits{MaxBytes: c.MaxTableBytes, MaxModelNameLen: c.MaxModelNameLength}
 }
 
 // ParsePoolName splits "namespace/name" and checks both are Kubernetes

@@ -2,9 +2,11 @@ package metricsagent
 
 import (
 	"context"
+	"io"
 	"net/http"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -97,4 +99,40 @@ func TestFileObjectSourceErrors(t *testing.T) {
 	assert.Error(t, err, "duplicate keys")
 	_, err = NewFileObjectSource(filepath.Join(dir, "missing.yaml"))
 	assert.Error(t, err)
+}
+
+// TestAgentTableLimitsFollowTheReceiver: a receiver whose maxModelNameLength
+// or maxConfigBytes is below the defaults refuses a record past them whole
+// (400/413), so one long name would keep every change from every Envoy.
+// Given the same bounds, the agent rejects just the objects past them, and
+// the rest of the table gets through.
+func TestAgentTableLimitsFollowTheReceiver(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "objects.yaml")
+	writeObjects(t, path, "pools.yaml", "objectives.yaml", "rewrites.yaml")
+	require.Equal(t, []string{"llama", "llama-chat", "sql"}, rewriteModels(BuildTable(testTableInput(t), wire.ConfigLimits{}).Table))
+	for _, tc := range []struct {
+		nameLen, bytes int
+		models         []string
+	}{
+		{11, 262144, nil},                          // every rewrite names a 12-byte target
+		{12, 450, []string{"llama", "llama-chat"}}, // the oldest rewrite fits, the next does not
+		{12, 262144, []string{"llama", "llama-chat", "sql"}},
+	} {
+		cfg, err := ParseConfig([]string{"--targets", "127.0.0.1:8000", "--envoy-targets", "127.0.0.1:9002", "--agent-id", "node-1",
+			"--inference-pool", "llm/vllm-llama", "--test-objects-file", path,
+			"--max-model-name-length", strconv.Itoa(tc.nameLen), "--max-table-bytes", strconv.Itoa(tc.bytes)}, env(minimal), io.Discard)
+		require.NoError(t, err)
+		ctx, cancel := context.WithCancel(context.Background())
+		cs, _, err := newConfigSync(ctx, cfg, nil, quietLog, NewMetrics(prometheus.NewRegistry()))
+		require.NoError(t, err)
+		rec, err := wire.DecodeConfig(cs.Payload(), wire.ConfigLimits{MaxModelNameLen: tc.nameLen, MaxBytes: tc.bytes}) // the plugin's bounds
+		cancel()
+		require.NoError(t, err, "the receiver takes the agent's record (%d, %d)", tc.nameLen, tc.bytes)
+		assert.Equal(t, tc.models, rewriteModels(rec.Table), "%d, %d", tc.nameLen, tc.bytes)
+	}
+
+	for _, bad := range [][]string{{"--max-model-name-length", "0"}, {"--max-table-bytes", "0"}, {"--max-table-bytes", "16777217"}} {
+		_, err := ParseConfig(append([]string{"--targets", "127.0.0.1:8000", "--envoy-targets", "127.0.0.1:9002"}, bad...), env(minimal), io.Discard)
+		assert.ErrorContains(t, err, bad[0], bad)
+	}
 }

@@ -184,7 +184,7 @@ func newConfigSync(ctx context.Context, cfg Config, kube *kubeClients, log *slog
 	if err != nil {
 		return nil, nil, err
 	}
-	opts := ConfigSyncOptions{PoolNamespace: ns, PoolName: name, AgentID: cfg.AgentID, Log: log, Metrics: m}
+	opts := ConfigSyncOptions{PoolNamespace: ns, PoolName: name, AgentID: cfg.AgentID, Limits: cfg.TableLimits(), Log: log, Metrics: m}
 	var status *StatusWriter
 	var fileSource *FileObjectSource
 	if cfg.TestObjectsFile != "" {
