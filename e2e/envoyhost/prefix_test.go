@@ -157,7 +157,7 @@ func TestPrefixFeedbackInTheHost(t *testing.T) {
 // read as it passes), 8 endpoints.
 func BenchmarkPrefixFilterCallbacks(b *testing.B) {
 	for _, kib := range []int{4, 64, 220, 256} {
-		for _, profile := range []string{"decision-tree", "scoring", "prefix-aware"} {
+		for _, profile := range []string{"decision-tree", "prefix-aware"} {
 			b.Run(fmt.Sprintf("%dKiB/%s", kib, profile), func(b *testing.B) {
 				h, cfg := prefixHarness(b, 1, 8, profile)
 				content := strings.Repeat("The quick brown fox jumps over the lazy dog. ", kib*1024/45)

@@ -150,7 +150,7 @@ func (c *httpContext) OnHttpStreamDone() {
 		c.r.count(c.forwarded)
 	}
 	if c.scanUsage {
-		c.r.prefix.ResponseDone(&c.prefix, time.Now())
+		c.r.prefix.ResponseDone(&c.prefix, c.r.clock.Now())
 	}
 	c.abandon()
 	c.r.recycle(c)

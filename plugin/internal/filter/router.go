@@ -362,7 +362,9 @@ func (r *Router) scanResponse(c *httpContext, size int, end bool) {
 		}
 	}
 	if end {
-		r.prefix.ResponseDone(&c.prefix, time.Now())
+		// The last decision's time, not a clock read (two host calls):
+		// close enough for "recorded before this report".
+		r.prefix.ResponseDone(&c.prefix, r.clock.Now())
 	}
 }
 
