@@ -214,6 +214,16 @@ wasm-epp is running.
 
   Streaming: add "stream":true. Models: %[3]s (base) and the adapters
   %[4]s.
+
+  Prefix-cache-aware routing: send a conversation, then the same
+  conversation with one more turn. The second request goes to the same
+  replica and its usage.prompt_tokens_details.cached_tokens is > 0:
+
+  M='{"role":"system","content":"You review SQL for the billing team. Be brief and precise about indexes."},{"role":"user","content":"Review: SELECT * FROM invoices WHERE paid = false"}'
+  curl -s %[1]s/v1/chat/completions -H 'Content-Type: application/json' \
+    -d "{\"model\":\"%[3]s\",\"max_tokens\":16,\"messages\":[$M]}"
+  curl -s %[1]s/v1/chat/completions -H 'Content-Type: application/json' \
+    -d "{\"model\":\"%[3]s\",\"max_tokens\":16,\"messages\":[$M,{\"role\":\"assistant\",\"content\":\"Add an index.\"},{\"role\":\"user\",\"content\":\"Which one?\"}]}"
 `, base, model, stack.DefaultModel, strings.Join(cfg.Adapters, ", "))
 	if served != "" {
 		fmt.Fprintf(out, "  The %s response header names the replica that served a request.\n", served)
