@@ -172,15 +172,6 @@ func sortTargets(ts []WeightedTarget) {
 	slices.SortFunc(ts, func(a, b WeightedTarget) int { return strings.Compare(a.Model, b.Model) })
 }
 
-// Validate checks c exactly as DecodeConfig would check its encoding.
-func (c *ConfigRecord) Validate(lim ConfigLimits) error {
-	lim = lim.Resolved()
-	if err := c.validate(&lim); err != nil {
-		return err
-	}
-	return nil
-}
-
 func (c *ConfigRecord) validate(lim *ConfigLimits) *Error {
 	for _, f := range []struct{ name, v string }{{"agent_id", c.AgentID}, {"pool_namespace", c.PoolNamespace}, {"pool_name", c.PoolName}} {
 		if err := checkString(f.v, objectNameLen, false); err != nil {
