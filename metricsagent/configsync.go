@@ -29,7 +29,6 @@ type ConfigSync struct {
 
 	payload atomic.Pointer[[]byte]
 	pool    atomic.Pointer[InferencePool]
-	built   atomic.Bool
 
 	// mu serializes rebuilds (Run's, and callers' of Rebuild); it guards
 	// the fields below.
@@ -94,9 +93,6 @@ func (c *ConfigSync) Payload() []byte {
 	return nil
 }
 
-// Built reports whether a table has been built (for tests and /readyz).
-func (c *ConfigSync) Built() bool { return c.built.Load() }
-
 // Rebuild reads the source and rebuilds pool and table (Run calls it).
 func (c *ConfigSync) Rebuild() {
 	c.mu.Lock()
@@ -130,7 +126,6 @@ func (c *ConfigSync) Rebuild() {
 	if old := c.payload.Load(); old == nil || !bytes.Equal(*old, payload) {
 		c.payload.Store(&payload) // a new slice only for new bytes: ConfigPublisher compares pointers
 	}
-	c.built.Store(true)
 	if c.status != nil {
 		c.status.Submit(res.Verdicts)
 	}

@@ -287,19 +287,6 @@ func (r *PoolRef) validate(path string) *ObjectError {
 	return nil
 }
 
-// names reports whether r names the pool called name (in the referrer's
-// namespace), with the CRDs' defaults for group and kind.
-func (r *PoolRef) names(name string) bool {
-	group, kind := r.Group, r.Kind
-	if group == "" {
-		group = poolRefDefaultGroup
-	}
-	if kind == "" {
-		kind = poolRefDefaultKind
-	}
-	return group == poolRefDefaultGroup && kind == poolRefDefaultKind && r.Name == name
-}
-
 // ours reports whether r refers to an InferencePool of the group the agent
 // reads (rather than some other kind of pool, which is not its business).
 func (r *PoolRef) ours() bool {
