@@ -96,7 +96,6 @@ func (c *wasmContext) mutableMap(typ uint32) *HeaderMap {
 		// getMap: addDecodedTrailers).
 		if st.reqTrailers == nil && st.reqBody != nil && st.endOfStream && !st.accessLogPhase {
 			st.reqTrailers = NewHeaderMap()
-			st.reqTrailersAdded = true
 		}
 		return st.reqTrailers
 	case mapResponseHeaders:

@@ -69,18 +69,17 @@ func (s iterState) stoppedAll() bool { return s == iterStopAllBuffer || s == ite
 // direction is the filter-manager state of one direction (decode or
 // encode).
 type direction struct {
-	iter            iterState
-	headersDone     bool       // headers_continued_: headers passed the filter
-	buffered        []byte     // buffered_request_data_ / buffered_response_data_
-	hasBuffer       bool       // the buffer exists (bufferedData() != nullptr)
-	streaming       bool       // decoder_filters_streaming_: over the limit pauses, not 413
-	complete        bool       // all data from the peer arrived
-	endSent         bool       // end of stream passed to the next stage
-	chunk           []byte     // the data of the current callback
-	buffering       bool       // buffering_request_body_ of the Wasm context
-	iterateFromThis bool       // after StopAll, buffered data goes through this filter
-	trailers        *HeaderMap // request_trailers_ of the filter manager, once they came
-	trailersDone    bool       // trailers passed the filter
+	iter         iterState
+	headersDone  bool       // headers_continued_: headers passed the filter
+	buffered     []byte     // buffered_request_data_ / buffered_response_data_
+	hasBuffer    bool       // the buffer exists (bufferedData() != nullptr)
+	streaming    bool       // decoder_filters_streaming_: over the limit pauses, not 413
+	complete     bool       // all data from the peer arrived
+	endSent      bool       // end of stream passed to the next stage
+	chunk        []byte     // the data of the current callback
+	buffering    bool       // buffering_request_body_ of the Wasm context
+	trailers     *HeaderMap // request_trailers_ of the filter manager, once they came
+	trailersDone bool       // trailers passed the filter
 }
 
 type stream struct {
@@ -97,7 +96,6 @@ type stream struct {
 
 	// State the guest can see through host calls (guarded by vm.mu).
 	reqHeaders, reqTrailers, respHeaders, respTrailers *HeaderMap
-	reqTrailersAdded                                   bool
 	reqBody, respBody                                  *[]byte
 	endOfStream                                        bool
 	accessLogPhase                                     bool
