@@ -13,7 +13,7 @@ import (
 )
 
 // TestReplicaKilled: a replica killed mid-run stops receiving traffic
-// within staleAfter plus two scrape intervals, and nothing is routed to it
+// within staleAfter plus three scrape intervals, and nothing is routed to it
 // afterwards (killAndFailOver). The traffic is light, so the dead
 // replica's last metrics look idle and it keeps attracting requests until
 // it is stale: the bound is what ends the failures.
