@@ -201,6 +201,8 @@ func TestReportComparesWithTheOracleAndFIFO(t *testing.T) {
 	require.NoError(t, err)
 	require.Len(t, results[0].FIFO, 3, "FIFO runs for the scenario with adapters")
 	assert.Empty(t, results[1].FIFO)
+	assert.Greater(t, results[1].Capacity.HitRate, 0.8, "one replica with its share of the contexts hits nearly all of them")
+	assert.Zero(t, results[0].Capacity.HitRate)
 	for _, r := range results[0].FIFO {
 		assert.Equal(t, 0.5, r.Load)
 	}
