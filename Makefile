@@ -51,7 +51,7 @@ check: ## gofmt, go vet, go mod tidy drift, import boundaries.
 bench: ## Micro-benchmarks (scheduler, plugin in the host, agent). Results go in BENCHMARKS.md.
 	$(GO) test -run '^$$' -bench . -benchmem -count 1 ./scheduler/... ./plugin/... ./e2e/... ./metricsagent/...
 
-bench-routing: cmds ## Fleet simulation: every policy on the seed's and upstream's scenarios (about 7 min); writes e2e/results/.
+bench-routing: cmds ## Fleet simulation: every policy and the oracle on scenarios a, b (LoRA) and d, e, f (shared prefixes), about 17 min of CPU (9 min on 2 idle cores); writes e2e/results/.
 	$(BIN)/fleetbench -out e2e/results
 	$(BIN)/fleetbench -scenarios a -criticality critical=0.6,standard=0.2,sheddable=0.2 -compare-lora-fifo 0 -out e2e/results/mixed-criticality
 

@@ -262,7 +262,7 @@ func (rep *Report) WriteMarkdown(w io.Writer) error {
 		b.WriteString(rep.targets(knee))
 	}
 	if rule := rep.loraRule(); rule != "" {
-		fmt.Fprintf(&b, "## vLLM's LoRA admission rule against pure FIFO (%.0f%% load)\n\n", 100*c.LoRAFIFOAt)
+		fmt.Fprintf(&b, "\n## vLLM's LoRA admission rule against pure FIFO (%.0f%% load)\n\n", 100*c.LoRAFIFOAt)
 		b.WriteString(rule)
 	}
 	if gaps := rep.oracleGaps(knee); gaps != "" {
