@@ -223,13 +223,14 @@ func outstanding(e *Endpoint) int { return e.Metrics.WaitingQueueSize + e.Metric
 // ShedFilter applies upstream's shedding rule outside the decision tree:
 // Standard and Sheddable requests keep only endpoints with capacity (as
 // HasCapacityFilter) and are dropped (429) when none has any; Critical
-// requests pass untouched.
+// requests, and requests flow control admitted (Request.Admitted), pass
+// untouched.
 type ShedFilter struct {
 	HasCapacityFilter
 }
 
 func (f *ShedFilter) Filter(c *Cycle, dst, candidates []*Endpoint) []*Endpoint {
-	if c.Request.Criticality == Critical {
+	if !c.Request.shed() {
 		return append(dst, candidates...)
 	}
 	n := len(dst)

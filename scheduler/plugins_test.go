@@ -198,3 +198,16 @@ func TestCycleState(t *testing.T) {
 	_, ok = Get(&s, hits)
 	assert.False(t, ok)
 }
+
+// TestShedFilterPassesAdmitted: a request flow control admitted keeps every
+// candidate, as a Critical one does; the same request not admitted is shed.
+func TestShedFilterPassesAdmitted(t *testing.T) {
+	f := &ShedFilter{HasCapacityFilter{QueueThreshold: 5, KVCacheThreshold: 0.8}}
+	snap := snapshot(ep("a", 9, 0.1, nil, nil, 0), ep("b", 7, 0.9, nil, nil, 0))
+	c := testCycle(&Request{Model: "x", Criticality: Standard, Admitted: true}, snap, 1)
+	assert.Equal(t, []string{"a", "b"}, names(f.Filter(c, nil, all(snap))))
+	assert.False(t, c.Dropped())
+	c = testCycle(&Request{Model: "x", Criticality: Standard}, snap, 1)
+	assert.Empty(t, f.Filter(c, nil, all(snap)))
+	assert.True(t, c.Dropped())
+}

@@ -224,7 +224,7 @@ func TestPaths(t *testing.T) {
 	s := newScheduler(t, `{"profile": "scoring", "byCriticality": {"critical": "round-robin"}}`, seeded(1))
 	assert.Equal(t, []string{PathNoEndpoint, PathAllStale, PathLeastLoaded, "round-robin", "scoring"}, s.Paths())
 	s = newScheduler(t, ``, seeded(1))
-	assert.Len(t, s.Paths(), 3+14+1, "fixed paths, 14 tree routes, the profile name")
+	assert.Len(t, s.Paths(), 3+22+1, "fixed paths, 22 tree routes (8 of them admitted), the profile name")
 }
 
 // TestDeterministic: the same seed gives the same decisions.

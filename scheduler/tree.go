@@ -127,6 +127,12 @@ func SeedTree(p TreeParams) ([]TreeStep, TreeEntries) {
 //	standard/capacity/...  the four critical routes after "capacity"
 //	standard/no-capacity                               (dropped)
 //	sheddable/...          as standard
+//	standard/admitted/...  the four critical routes: flow control admitted it
+//	sheddable/admitted/... as standard/admitted
+//
+// A request flow control admitted (Request.Admitted) is never shed: it
+// takes the critical entry, and its path names its own criticality then
+// "admitted".
 //
 // Every route is enumerated when the tree is built (Paths), so the
 // strings are shared and a decision allocates nothing.
@@ -137,8 +143,11 @@ type DecisionTreeFilter struct {
 	// far), terminals carrying the finished path.
 	nodes []treeNode
 	roots [3]int // per Criticality
-	paths []string
-	bufs  [2][]*Endpoint
+	// admitted are the roots of admitted requests: the critical entry,
+	// under their own criticality's name.
+	admitted [3]int
+	paths    []string
+	bufs     [2][]*Endpoint
 }
 
 var _ Filter = (*DecisionTreeFilter)(nil)
@@ -220,6 +229,16 @@ func NewDecisionTree(name string, steps []TreeStep, entries TreeEntries) (*Decis
 			return nil, err
 		}
 	}
+	// Admitted routes come after the others, so the paths of a tree
+	// keep their order.
+	t.admitted[Critical] = t.roots[Critical]
+	criticalRow, _ := target("entries.critical", entries.Critical)
+	for _, crit := range []Criticality{Standard, Sheddable} {
+		var err error
+		if t.admitted[crit], err = b.build(criticalRow, strings.ToLower(crit.String())+"/admitted"); err != nil {
+			return nil, err
+		}
+	}
 	return t, nil
 }
 
@@ -292,7 +311,11 @@ func (t *DecisionTreeFilter) Filter(c *Cycle, dst, candidates []*Endpoint) []*En
 	if crit < Critical || crit > Sheddable {
 		crit = Sheddable // unknown importance is shed first
 	}
-	node := &t.nodes[t.roots[crit]]
+	root := t.roots[crit]
+	if c.Request.Admitted {
+		root = t.admitted[crit]
+	}
+	node := &t.nodes[root]
 	current, free := candidates, 0
 	for node.step >= 0 {
 		out := t.steps[node.step].Filter.Filter(c, t.bufs[free][:0], current)

@@ -180,7 +180,42 @@ func TestSeedTreePaths(t *testing.T) {
 		}
 		want = append(want, class+"/no-capacity")
 	}
+	for _, class := range []string{"standard", "sheddable"} {
+		for _, c := range critical {
+			want = append(want, class+"/admitted/"+c)
+		}
+	}
 	assert.Equal(t, want, tree.Paths())
+}
+
+// TestSeedTreeAdmitted: a request flow control admitted is never shed; it
+// takes the critical route over every endpoint, capacity or not, and its
+// path keeps its criticality.
+func TestSeedTreeAdmitted(t *testing.T) {
+	x := []string{"x"}
+	// Neither endpoint has capacity (queue > 5, KV > 0.8); b holds x.
+	snap := snapshot(ep("a", 9, 0.9, nil, nil, 4), ep("b", 6, 0.95, x, nil, 4))
+	tree := seedTreeWith(t, 1)
+	for _, tc := range []struct {
+		crit Criticality
+		path string
+	}{
+		{Standard, "standard/admitted/low-queue/lora-affinity/least-queue/least-kv"},
+		{Sheddable, "sheddable/admitted/low-queue/lora-affinity/least-queue/least-kv"},
+		{Criticality(7), "sheddable/admitted/low-queue/lora-affinity/least-queue/least-kv"},
+		{Critical, "critical/low-queue/lora-affinity/least-queue/least-kv"},
+	} {
+		c := testCycle(&Request{Model: "x", Criticality: tc.crit, Admitted: true}, snap, 1)
+		got := tree.Filter(c, nil, all(snap))
+		assert.Equal(t, []string{"b"}, names(got), "%v", tc.crit)
+		assert.False(t, c.Dropped())
+		assert.Equal(t, tc.path, c.path)
+		assert.Contains(t, tree.Paths(), tc.path)
+	}
+	// The same request, not admitted, is shed.
+	c := testCycle(&Request{Model: "x", Criticality: Standard}, snap, 1)
+	assert.Empty(t, tree.Filter(c, nil, all(snap)))
+	assert.True(t, c.Dropped())
 }
 
 func TestNewDecisionTreeErrors(t *testing.T) {

@@ -113,7 +113,19 @@ type Request struct {
 	// TargetModel is the resolved base model or LoRA adapter to serve it.
 	TargetModel string
 	Criticality Criticality
+	// Admitted says that flow control (scheduler/flowcontrol) has already
+	// decided this Standard or Sheddable request may be served now: the
+	// shedding plugins let it through as they let a Critical request
+	// through (the decision tree takes its critical entry, shed-filter
+	// keeps every candidate), so the profile only decides where it goes.
+	// The profile is still the one selected for its criticality, and its
+	// decision path says "admitted".
+	Admitted bool
 	// Prefix is what the routing index knows about the prompt (nil: no
 	// prefix information; prefix-aware plugins then stand aside).
 	Prefix PrefixInfo
 }
+
+// shed reports whether shedding plugins may drop the request: it is
+// neither Critical nor admitted by flow control.
+func (r *Request) shed() bool { return r.Criticality != Critical && !r.Admitted }
