@@ -87,11 +87,7 @@ func TestBodyModesChangeWhatGoesUpstream(t *testing.T) {
 // events.
 func TestBodyEcho(t *testing.T) {
 	h := newHarness(t, testPluginPkg)
-	arrived := make(chan struct{})
-	var once sync.Once
-	h.up.mu.Lock()
-	h.up.arrived = func(*http.Request) { once.Do(func() { close(arrived) }) }
-	h.up.mu.Unlock()
+	arrived := h.headersArrived()
 	pr, pw := io.Pipe()
 	go func() {
 		select {
@@ -107,16 +103,7 @@ func TestBodyEcho(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, http.StatusOK, resp.StatusCode)
 	assert.Equal(t, `{"model":"m"}`, string(body))
-	select {
-	case <-arrived:
-	default:
-		t.Fatal("the upstream never saw the request headers")
-	}
-	require.Eventually(t, func() bool { return len(h.up.requests()) == 1 }, 10*time.Second, 10*time.Millisecond,
-		"the upstream handler finishes once the reset reaches it")
-	got := h.up.requests()[0]
-	assert.Empty(t, got.Body, "no body byte went upstream")
-	assert.Error(t, got.BodyErr, "the upstream request was reset, not completed")
+	h.requireResetWithoutBody(t, arrived)
 }
 
 // A filter changing the body without removing Content-Length sends the
@@ -131,22 +118,77 @@ func TestContentLengthIsNotFixed(t *testing.T) {
 	assert.Equal(t, "hello", string(got.Body), "the appended bytes are past the declared length")
 }
 
+// Over the listener's buffer limit while the filter buffers, the host
+// answers 413. on_request_headers continued (the test plugin's "buffer"
+// mode), so, as in Envoy, the router has already started the upstream
+// request with the headers: the upstream sees them, never a body byte, and
+// the local reply resets it. The order is fixed: the client sends body
+// bytes only once the upstream has seen the headers, and only 2 KiB of the
+// 4 KiB it declares, so the filter buffers them (end of stream not
+// reached; a whole body in one chunk would be continued, not buffered) and
+// crosses the 1 KiB limit. Sending the body at once raced with both.
 func TestPayloadTooLargeWhenBuffering(t *testing.T) {
 	h := newHarness(t, testPluginPkg, func(c *Config, _ *PluginConfig) {
 		c.Listeners[0].BufferLimitBytes = 1024
 	})
-	resp, body := h.do("POST", "/big", strings.Repeat("x", 4096), map[string]string{"X-Tp-Body": "buffer"})
+	arrived := h.headersArrived()
+	const declared, sent = 4096, 2048
+	pr, pw := io.Pipe()
+	defer pw.Close()
+	go func() {
+		select {
+		case <-arrived:
+		case <-time.After(10 * time.Second):
+		}
+		_, _ = pw.Write([]byte(strings.Repeat("x", sent)))
+	}()
+	req, err := http.NewRequest("POST", h.url+"/big", pr)
+	require.NoError(t, err)
+	req.ContentLength = declared
+	req.Header.Set(DefaultOriginalDstHeader, h.up.addr())
+	req.Header.Set("X-Tp-Body", "buffer")
+	resp, err := httpClient.Do(req)
+	require.NoError(t, err)
+	b, err := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	require.NoError(t, err)
 	assert.Equal(t, http.StatusRequestEntityTooLarge, resp.StatusCode)
-	assert.Equal(t, "Payload Too Large", body)
+	assert.Equal(t, "Payload Too Large", string(b))
 	// The 413 went through the filter's response callbacks.
 	assert.NotEmpty(t, resp.Header.Get("X-Tp-Vm-Nonce"))
-	assert.Empty(t, h.up.requests())
+	h.requireResetWithoutBody(t, arrived)
 	require.Eventually(t, func() bool { return len(h.access.all()) > 0 }, 5*time.Second, 10*time.Millisecond)
 	assert.Equal(t, "request_payload_too_large", h.access.all()[0].Details)
 
 	// Not buffering, the same body streams through.
-	resp, _ = h.do("POST", "/big", strings.Repeat("x", 4096), nil)
+	resp, _ = h.do("POST", "/big", strings.Repeat("x", declared), nil)
 	assert.Equal(t, http.StatusOK, resp.StatusCode)
+}
+
+// headersArrived is closed when the upstream first sees request headers.
+func (h *harness) headersArrived() <-chan struct{} {
+	arrived := make(chan struct{})
+	var once sync.Once
+	h.up.mu.Lock()
+	h.up.arrived = func(*http.Request) { once.Do(func() { close(arrived) }) }
+	h.up.mu.Unlock()
+	return arrived
+}
+
+// requireResetWithoutBody: the upstream saw the request headers, never a
+// body byte, and the request was reset.
+func (h *harness) requireResetWithoutBody(t *testing.T, arrived <-chan struct{}) {
+	t.Helper()
+	select {
+	case <-arrived:
+	default:
+		t.Fatal("the upstream never saw the request headers")
+	}
+	require.Eventually(t, func() bool { return len(h.up.requests()) == 1 }, 10*time.Second, 10*time.Millisecond,
+		"the upstream handler finishes once the reset reaches it")
+	got := h.up.requests()[0]
+	assert.Empty(t, got.Body, "no body byte went upstream")
+	assert.Error(t, got.BodyErr, "the upstream request was reset, not completed")
 }
 
 // answerCalloutOnceRequestIn makes the upstream answer the callout on
