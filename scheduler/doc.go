@@ -55,6 +55,34 @@
 // baselines "random", "round-robin", "least-request". Config documents the
 // JSON form; the README documents every plugin.
 //
+// # Large snapshots
+//
+// A decision that filters and scores every endpoint costs O(N): about
+// 160,000 instructions (tens of µs) natively at 1,000 endpoints for the
+// decision tree (BENCHMARKS.md). From Options.IndexMinEndpoints endpoints
+// (DefaultIndexMinEndpoints) a Scheduler keeps an index of the snapshot
+// it decides on (index.go): sorted orders of the fresh endpoints by
+// (waiting queue, KV-cache use), by running batch, by outstanding
+// requests, by position, and by a scoring profile's score; the same
+// orders for each has-capacity test a profile uses; and each adapter's
+// holders. Fast paths (fastpath.go, fastscore.go) then answer the whole
+// decision of the covered profiles from a few binary searches:
+// decision-tree (the seed's table, or any table of its five filter
+// types), scoring (any weights of its four scorers, with or without a
+// shed-filter, max-score picker), least-request, random, round-robin, and
+// LeastLoaded. They are exact: the same endpoint, path and random draws
+// as the plugins give on the same snapshot, which the tests check
+// decision by decision against a Scheduler that scans. What the target
+// adapter changes is computed for its holders only, so a decision costs
+// O(log N + holders of the target adapter). Other profiles (prefix-aware,
+// user profiles of other plugins) scan as before.
+//
+// The index follows the snapshot through Snapshot.MetricsChanged (that
+// endpoint moves in each order: O(log N) plus the entries it passes) and
+// Snapshot.Changed or a new Snapshot (rebuilt, about four scans' worth, on
+// the second decision that sees it, so changes that come faster than
+// decisions cost no more than scanning). Observe updates it itself.
+//
 // # The seed
 //
 // "The seed" is the scheduler this project reproduces exactly: the

@@ -71,6 +71,9 @@ type Profile struct {
 	Picker  Picker
 
 	weightSum float64
+	// fast decides on the Scheduler's index when the profile's plugins
+	// allow it (fastpath.go); nil otherwise.
+	fast fastPath
 }
 
 // Paths lists the Result.Path values a cycle run by this profile can

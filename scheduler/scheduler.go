@@ -29,6 +29,12 @@ type Options struct {
 	// reliable about load, so no profile runs on them: the traffic spreads
 	// evenly over every endpoint last known.
 	FailOpen bool
+	// IndexMinEndpoints is the snapshot size from which decisions use the
+	// Scheduler's per-snapshot index (see the package doc, "Large
+	// snapshots") instead of visiting every endpoint. Decisions are the
+	// same either way. 0 means DefaultIndexMinEndpoints; a negative value
+	// never indexes.
+	IndexMinEndpoints int
 }
 
 // Outcome is what became of a request.
@@ -116,6 +122,12 @@ type Scheduler struct {
 	countRouted   bool
 	cycle         Cycle
 
+	// index is the per-snapshot index of the fast paths (fastpath.go),
+	// used from indexFrom endpoints on (never when indexFrom < 0).
+	index         *snapIndex
+	indexFrom     int
+	leastLoadedBy int // the index's order for LeastLoaded
+
 	candidates []*Endpoint
 	bufs       [2][]*Endpoint
 	scores     []float64
@@ -147,6 +159,12 @@ func New(cfg Config, reg *Registry, opts Options) (*Scheduler, error) {
 	}
 	s := &Scheduler{rand: rand.New(src), now: now, staleAfter: opts.StaleAfter, failOpen: opts.FailOpen, countRouted: cfg.CountsRoutedSinceSnapshot()}
 	s.cycle.Rand, s.cycle.clock = s.rand, now
+	s.indexFrom = opts.IndexMinEndpoints
+	if s.indexFrom == 0 {
+		s.indexFrom = DefaultIndexMinEndpoints
+	}
+	s.index = newSnapIndex(opts.StaleAfter)
+	s.leastLoadedBy = s.index.orderOf(keyLeastLoaded, -1, false)
 
 	b := &builder{reg: reg, declared: map[string]Plugin{}, byType: map[string]Plugin{}}
 	for i, spec := range cfg.Plugins {
@@ -179,6 +197,7 @@ func New(cfg Config, reg *Registry, opts Options) (*Scheduler, error) {
 		}
 		s.byCriticality[c] = p
 		if !containsProfile(s.profiles, p) {
+			p.fast = fastPathFor(p, s.index)
 			s.profiles = append(s.profiles, p)
 		}
 	}
@@ -344,11 +363,14 @@ func (s *Scheduler) Schedule(req *Request, snap *Snapshot) Result {
 	c.reset(req, snap)
 	defer c.reset(nil, nil) // do not keep the caller's request and snapshot alive
 
+	prof := s.ProfileFor(req.Criticality)
+	if prof.fast != nil && s.indexed(c, snap) {
+		return s.fastSchedule(c, prof, snap)
+	}
 	res := s.collect(c, snap)
 	if res.Outcome != Routed {
 		return s.failOpenIfStale(snap, res)
 	}
-	prof := s.ProfileFor(req.Criticality)
 	res.Profile = prof.Name
 	in, free := s.candidates, 0
 	for _, f := range prof.Filters {
@@ -359,16 +381,7 @@ func (s *Scheduler) Schedule(req *Request, snap *Snapshot) Result {
 			break
 		}
 	}
-	res.Path = prof.Name
-	if c.path != "" {
-		res.Path = c.path
-	}
-	switch {
-	case c.dropped:
-		res.Outcome = Dropped
-		return res
-	case len(in) == 0:
-		res.Outcome = NoEndpoint
+	if !res.settle(c, prof, len(in) > 0) {
 		return res
 	}
 	var scores []float64
@@ -380,6 +393,52 @@ func (s *Scheduler) Schedule(req *Request, snap *Snapshot) Result {
 		panic(fmt.Sprintf("scheduler: picker %q returned index %d of %d candidates", prof.Picker.Name(), i, len(in)))
 	}
 	return chosen(res, snap, in[i])
+}
+
+// indexed reports whether the decision on snap uses the index, bringing
+// the index up to date if so.
+func (s *Scheduler) indexed(c *Cycle, snap *Snapshot) bool {
+	n := len(snap.Endpoints)
+	if s.indexFrom < 0 || n < s.indexFrom || n == 0 {
+		return false
+	}
+	return s.index.sync(snap, c)
+}
+
+// fastSchedule is Schedule by prof's fast path on the synced index.
+func (s *Scheduler) fastSchedule(c *Cycle, prof *Profile, snap *Snapshot) Result {
+	x := s.index
+	x.decisions++
+	res := Result{Index: -1, Stale: x.nStale}
+	if x.nFresh == 0 {
+		res.Outcome, res.Path = AllStale, PathAllStale
+		return s.failOpenIfStale(snap, res)
+	}
+	res.Profile = prof.Name
+	if i := prof.fast.decide(c, x); res.settle(c, prof, i >= 0) {
+		res.Endpoint, res.Index = &snap.Endpoints[i], i
+	}
+	return res
+}
+
+// settle completes res once prof's plugins ran on c: the path they set
+// (else the profile's name), and the outcome when the request was dropped
+// or nothing was kept. It reports whether an endpoint remains to be
+// chosen (res stays Routed).
+func (res *Result) settle(c *Cycle, prof *Profile, kept bool) bool {
+	res.Path = prof.Name
+	if c.path != "" {
+		res.Path = c.path
+	}
+	switch {
+	case c.dropped:
+		res.Outcome = Dropped
+		return false
+	case !kept:
+		res.Outcome = NoEndpoint
+		return false
+	}
+	return true
 }
 
 // chosen completes a Routed res with the endpoint e of snap.
@@ -464,7 +523,7 @@ func (s *Scheduler) score(c *Cycle, prof *Profile, in []*Endpoint) []float64 {
 		clear(one)
 		ws.Scorer.Score(c, in, one)
 		for i, v := range one {
-			total[i] += ws.Weight * clamp01(v)
+			total[i] += weighted(ws.Weight, v)
 		}
 	}
 	for i := range total {
@@ -472,6 +531,12 @@ func (s *Scheduler) score(c *Cycle, prof *Profile, in []*Endpoint) []float64 {
 	}
 	return total
 }
+
+// weighted is one scorer's share of a score. The conversion keeps the
+// product rounded on its own (the compiler may not fuse it with the sum),
+// so the scoring fast path, which adds the same shares, gets the same
+// bits on every architecture.
+func weighted(weight, v float64) float64 { return float64(weight * clamp01(v)) }
 
 func growFloats(s []float64, n int) []float64 {
 	if cap(s) < n {
@@ -526,6 +591,9 @@ func (s *Scheduler) Observe(req *Request, res Result) {
 	}
 	m.WaitingQueueSize++
 	m.RoutedSinceUpdate++
+	if s.index.covers(res) {
+		s.index.update(res.Endpoint, res.Index)
+	}
 }
 
 // CountsRoutedSinceSnapshot reports whether Observe counts routed requests
@@ -540,6 +608,17 @@ func (s *Scheduler) LeastLoaded(snap *Snapshot) Result {
 	c := &s.cycle
 	c.reset(&bodylessRequest, snap)
 	defer c.reset(nil, nil)
+	if s.indexed(c, snap) {
+		x := s.index
+		res := Result{Index: -1, Stale: x.nStale}
+		if x.nFresh == 0 {
+			res.Outcome, res.Path = AllStale, PathAllStale
+			return s.failOpenIfStale(snap, res)
+		}
+		i := x.leastLoaded(c, s.leastLoadedBy)
+		res.Path, res.Endpoint, res.Index = PathLeastLoaded, &snap.Endpoints[i], i
+		return res
+	}
 	res := s.collect(c, snap)
 	if res.Outcome != Routed {
 		return s.failOpenIfStale(snap, res)

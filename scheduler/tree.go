@@ -325,15 +325,31 @@ func (t *DecisionTreeFilter) Filter(c *Cycle, dst, candidates []*Endpoint) []*En
 		}
 		if len(out) > 0 {
 			current, free = out, free^1
-			node = &t.nodes[node.onSuccess]
-		} else {
-			node = &t.nodes[node.onFailure]
 		}
+		node = t.advance(node, len(out) > 0)
 	}
-	c.SetPath(node.path)
-	if node.step == terminalDrop {
-		c.Drop()
+	if t.end(c, node) {
 		return dst
 	}
 	return append(dst, current...)
+}
+
+// advance returns the node that follows node when its row kept
+// candidates, or did not.
+func (t *DecisionTreeFilter) advance(node *treeNode, kept bool) *treeNode {
+	if kept {
+		return &t.nodes[node.onSuccess]
+	}
+	return &t.nodes[node.onFailure]
+}
+
+// end records terminal node's route as c's path, and the drop when it is
+// one; it reports whether the request was dropped.
+func (t *DecisionTreeFilter) end(c *Cycle, node *treeNode) bool {
+	c.SetPath(node.path)
+	if node.step == terminalDrop {
+		c.Drop()
+		return true
+	}
+	return false
 }

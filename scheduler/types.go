@@ -71,15 +71,26 @@ type Endpoint struct {
 // which (only when Config.CountRoutedSinceSnapshot is on) may add a routed
 // request to the chosen endpoint's WaitingQueueSize and RoutedSinceUpdate;
 // it never touches the slices. Callers must not modify a Snapshot while a
-// Scheduler call on it runs. Between calls the owner may overwrite an
-// endpoint's Metrics with fresh values (which drops what Observe added) or
-// hand over a new Snapshot. A Snapshot that Observe updates belongs to that
+// Scheduler call on it runs. A Snapshot that Observe updates belongs to that
 // one Scheduler: callers sharing metrics between Schedulers give each its
 // own copy of Endpoints (slices such as ActiveModels may stay shared).
+//
+// Between calls the owner may hand over a new Snapshot, or change this one
+// in place and say so: MetricsChanged(i) after rewriting Endpoints[i].Metrics
+// (which drops what Observe added), Changed() after anything else
+// (endpoints added, removed, reordered or given new identities, or
+// Endpoints replaced). A Scheduler keeps a per-snapshot index of large
+// snapshots (see Options.IndexMinEndpoints) and updates it from these
+// calls at its next decision; a change made in place without them leaves
+// the index describing the old values. A new Snapshot needs no call, and
+// neither does a Snapshot nobody has scheduled on yet. Do not copy a
+// Snapshot by value once it has been scheduled on.
 type Snapshot struct {
 	Endpoints []Endpoint
 	// Time is when the snapshot was assembled.
 	Time time.Time
+
+	changes changeLog
 }
 
 // Criticality says how important a request is; it decides shedding.

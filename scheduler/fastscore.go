@@ -1,0 +1,306 @@
+package scheduler
+
+import (
+	"math"
+	"slices"
+)
+
+// The scoring fast path: a profile of weighted queue, KV-cache, LoRA
+// affinity and running-requests scorers and a max-score picker (the
+// built-in "scoring"), with or without a shed-filter in front, decided
+// from the index with the scan's exact scores and tie-break.
+//
+// Only two things make one endpoint's score differ from another's beyond
+// its own values: the queue and running scorers' min-max normalisation
+// over the candidates (norm), and the LoRA scorer's target adapter. For a
+// given norm every endpoint that does not hold the target scores what its
+// values and free slot say (defaultScore), so the index keeps the
+// candidates sorted by that score (a keyScore order, re-sorted when the
+// norm moves). A decision computes the exact score of the target's
+// holders, takes the best of them and of the first non-holder in the
+// order, and picks among the ties in snapshot order as MaxScorePicker
+// does. Cost: O(log N + holders of the target).
+
+// scoreSpec is a profile's scorers as the fast path computes them.
+type scoreSpec struct {
+	terms     []scoreTerm
+	weightSum float64
+	lora      bool // a LoRA affinity scorer is among them
+	running   bool // a running-requests scorer is among them
+}
+
+type scoreTerm struct {
+	kind   scorerKind
+	weight float64
+}
+
+type scorerKind uint8
+
+const (
+	scoreLoRA scorerKind = iota
+	scoreQueue
+	scoreKV
+	scoreRunning
+)
+
+// norm is the candidates' range of waiting queues and running batches.
+type norm struct{ loQ, hiQ, loR, hiR int }
+
+// newScoreSpec returns p's scorers as a spec, or nil when one of them is
+// not a kind the fast path computes.
+func newScoreSpec(p *Profile) *scoreSpec {
+	sp := &scoreSpec{weightSum: p.weightSum}
+	for _, ws := range p.Scorers {
+		var k scorerKind
+		switch ws.Scorer.(type) {
+		case *LoRAAffinityScorer:
+			k, sp.lora = scoreLoRA, true
+		case *QueueScorer:
+			k = scoreQueue
+		case *KVCacheScorer:
+			k = scoreKV
+		case *RunningRequestsScorer:
+			k, sp.running = scoreRunning, true
+		default:
+			return nil
+		}
+		sp.terms = append(sp.terms, scoreTerm{k, ws.Weight})
+	}
+	return sp
+}
+
+// score is Scheduler.score's weighted mean for one endpoint, operation for
+// operation (so the float result is the same).
+func (sp *scoreSpec) score(nu *norm, v indexed, lora float64) float64 {
+	total := 0.0
+	for _, t := range sp.terms {
+		var s float64
+		switch t.kind {
+		case scoreLoRA:
+			s = lora
+		case scoreQueue:
+			s = minMaxValue(v.w, nu.loQ, nu.hiQ)
+		case scoreKV:
+			s = 1 - v.kv
+		case scoreRunning:
+			s = minMaxValue(v.r, nu.loR, nu.hiR)
+		}
+		total += weighted(t.weight, s)
+	}
+	return total / sp.weightSum
+}
+
+// minMaxValue is minMaxInverse's value for one endpoint.
+func minMaxValue(v, lo, hi int) float64 {
+	if hi == lo {
+		return 1
+	}
+	return float64(hi-v) / float64(hi-lo)
+}
+
+// defaultScore is the score of an endpoint that does not hold the target
+// adapter: the LoRA scorer gives it the free-slot score or nothing.
+func (sp *scoreSpec) defaultScore(nu *norm, v indexed) float64 {
+	lora := 0.0
+	if v.flags&flagFree != 0 {
+		lora = LoRAScoreFreeSlot
+	}
+	return sp.score(nu, v, lora)
+}
+
+// scoreEntry orders scores highest first, then by position.
+func scoreEntry(score float64, i int) entry { return entry{0, int32(i), ^kvKey(score)} }
+
+// fastScoring decides a scoring profile on the index.
+type fastScoring struct {
+	spec *scoreSpec
+	// Per candidate class (0: every fresh endpoint; 1: those with the
+	// shed-filter's capacity): the (waiting, KV) order, the running order
+	// (when a running scorer needs its range) and the score order.
+	loads, runs, scores [2]int
+	shed                bool
+
+	hs     []holderScore
+	ex     []holderScore // holders inside the best non-holder run
+	posBuf []int32
+}
+
+type holderScore struct {
+	i     int32
+	score float64
+}
+
+func newFastScoring(p *Profile, x *snapIndex) *fastScoring {
+	spec := newScoreSpec(p)
+	if spec == nil {
+		return nil
+	}
+	f := &fastScoring{spec: spec}
+	classes := []int{-1}
+	switch len(p.Filters) {
+	case 0:
+	case 1:
+		sh, ok := p.Filters[0].(*ShedFilter)
+		if !ok {
+			return nil
+		}
+		f.shed = true
+		classes = append(classes, x.capacityClass(sh.QueueThreshold, sh.KVCacheThreshold))
+	default:
+		return nil
+	}
+	for k, c := range classes {
+		f.loads[k] = x.orderOf(keyLoad, c, false)
+		if spec.running {
+			f.runs[k] = x.orderOf(keyRunning, c, false)
+		}
+		f.scores[k] = x.scoreOrderOf(c, spec)
+	}
+	return f
+}
+
+func (f *fastScoring) decide(c *Cycle, x *snapIndex) int {
+	k := 0
+	if f.shed && c.Request.shed() {
+		k = 1
+	}
+	load := x.ord(f.loads[k]).es
+	if len(load) == 0 {
+		c.Drop() // shed-filter: nothing has capacity
+		return -1
+	}
+	nu := norm{loQ: x.w[load[0].i], hiQ: x.w[load[len(load)-1].i]}
+	if f.spec.running {
+		run := x.ord(f.runs[k]).es
+		nu.loR, nu.hiR = x.r[run[0].i], x.r[run[len(run)-1].i]
+	}
+	so := &x.orders[f.scores[k]]
+	if so.nu != nu {
+		so.nu, so.built = nu, false // every default score moved
+	}
+	es := x.ord(f.scores[k]).es
+	cand := &x.orders[f.loads[k]]
+
+	// The target's holders among the candidates, with their exact score.
+	hs := f.hs[:0]
+	var mark uint32
+	if f.spec.lora {
+		target := c.TargetModel()
+		if a := x.adapter(target); a >= 0 {
+			for _, h := range x.holders[a] {
+				if !x.member(cand, int(h)) {
+					continue
+				}
+				lora := LoRAScoreActive
+				if m := &c.Snapshot.Endpoints[h].Metrics; !m.HasActiveModel(target) {
+					switch {
+					case x.flags[h]&flagFree != 0:
+						lora = LoRAScoreFreeSlot
+					case m.HasWaitingModel(target):
+						lora = LoRAScoreWaiting
+					default:
+						lora = 0
+					}
+				}
+				hs = append(hs, holderScore{h, f.spec.score(&nu, x.values(int(h)), lora)})
+			}
+			positions := f.positions(hs)
+			mark = x.markAll(positions)
+		}
+	}
+	f.hs = hs
+
+	// The best: the holders' and the first non-holder's in score order.
+	best := math.Inf(-1)
+	for _, h := range hs {
+		best = max(best, h.score)
+	}
+	p := 0
+	for p < len(es) && mark != 0 && x.marks[es[p].i] == mark {
+		p++
+	}
+	run0, run1 := 0, 0 // the non-holders' run of the best score, in es
+	if p < len(es) {
+		if d := entryScore(es[p]); d >= best {
+			best = d
+			run0 = es.search(entry{0, math.MinInt32, es[p].b})
+			run1 = es.searchAfter(entry{0, math.MaxInt32, es[p].b})
+		}
+	}
+	// Holders inside the run do not count there (their own score does).
+	ex := f.ex[:0]
+	ties := run1 - run0
+	if run1 > run0 {
+		for _, h := range hs {
+			if so.keyOf(x.values(int(h.i)), int(h.i)).b == es[run0].b {
+				ex = append(ex, h)
+				ties--
+			}
+		}
+	}
+	f.ex = ex
+	for _, h := range hs {
+		if h.score == best {
+			ties++
+		}
+	}
+	pick := 0
+	if ties > 1 {
+		pick = c.Rand.IntN(ties)
+	}
+	return f.nthTie(es, run0, run1, ex, hs, best, pick)
+}
+
+// positions lists the holders' positions (for markAll).
+func (f *fastScoring) positions(hs []holderScore) []int32 {
+	pos := slices.Grow(f.posBuf[:0], len(hs))
+	for _, h := range hs {
+		pos = append(pos, h.i)
+	}
+	f.posBuf = pos
+	return pos
+}
+
+// nthTie returns the position of the k-th tie in snapshot order: the
+// ties are the run es[run0:run1] (one score, so in position order) less
+// the holders ex in it, and the holders hs scoring best.
+func (f *fastScoring) nthTie(es sortedEntries, run0, run1 int, ex, hs []holderScore, best float64, k int) int {
+	cur, e := run0, 0
+	var b uint64
+	if run1 > run0 {
+		b = es[run0].b
+	}
+	for _, h := range hs { // ascending positions
+		inRun := e < len(ex) && ex[e].i == h.i
+		tie := h.score == best
+		if !inRun && !tie {
+			continue
+		}
+		end := cur
+		if run1 > run0 {
+			end = max(cur, es[run0:run1].search(entry{0, h.i, b})+run0)
+		}
+		if seg := end - cur; k < seg {
+			return int(es[cur+k].i)
+		} else {
+			k -= seg
+		}
+		cur = end
+		if inRun {
+			e++
+			cur++ // the holder's own place in the run
+		}
+		if tie {
+			if k == 0 {
+				return int(h.i)
+			}
+			k--
+		}
+	}
+	return int(es[cur+k].i)
+}
+
+// entryScore is the score a keyScore entry was made from.
+func entryScore(e entry) float64 {
+	return math.Float64frombits(^e.b &^ (1 << 63))
+}

@@ -1,0 +1,293 @@
+package scheduler
+
+import (
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+)
+
+// indexTestConfigs are the configurations whose decisions must not depend
+// on indexing: every built-in profile, the seed's tree with thresholds that
+// reach its other routes, and tables and profiles the fast path covers only
+// in part.
+var indexTestConfigs = []string{
+	`{"profile": "decision-tree"}`,
+	`{"profile": "decision-tree", "countRoutedSinceSnapshot": true}`,
+	`{"profile": "scoring"}`,
+	`{"profile": "random"}`,
+	`{"profile": "round-robin"}`,
+	`{"profile": "least-request"}`,
+	`{"profile": "least-request", "countRoutedSinceSnapshot": true}`,
+	`{"profile": "t", "plugins": [{"type": "decision-tree-filter", "name": "tree",
+		"parameters": {"queueThresholdCritical": 200, "queueingThresholdLoRA": 60, "kvCacheThreshold": 0.5, "loraAffinityThreshold": 0.7}}],
+		"profiles": {"t": {"filters": ["tree"], "picker": "max-score-picker"}}}`,
+	`{"profile": "t", "plugins": [{"type": "decision-tree-filter", "name": "tree", "parameters": {"loraAffinityThreshold": 0.5}}],
+		"profiles": {"t": {"filters": ["tree"], "picker": "random-picker"}}, "countRoutedSinceSnapshot": true}`,
+	// A table of its own: least-kv first (over several queue lengths),
+	// capacity after lora-affinity, low-queue at the end.
+	`{"profile": "t", "plugins": [
+		{"type": "has-capacity-filter", "name": "cap", "parameters": {"queueThreshold": 20}},
+		{"type": "low-queue-filter", "name": "lq", "parameters": {"threshold": 10}},
+		{"type": "decision-tree-filter", "name": "tree", "parameters": {"steps": [
+			{"name": "kv", "filter": "least-kv-cache-filter", "onSuccess": "lora", "onFailure": "lora"},
+			{"name": "lora", "filter": "lora-affinity-filter", "onSuccess": "cap", "onFailure": "lq"},
+			{"name": "cap", "filter": "cap", "onSuccess": "lq", "onFailure": "drop"},
+			{"name": "lq", "filter": "lq", "onSuccess": "done", "onFailure": "done"}],
+			"entries": {"critical": "lq", "standard": "kv", "sheddable": "cap"}}}],
+		"profiles": {"t": {"filters": ["tree"], "picker": "weighted-random-picker"}}}`,
+	`{"profile": "decision-tree", "byCriticality": {"critical": "least-request", "sheddable": "round-robin"}}`,
+	`{"profile": "scoring", "countRoutedSinceSnapshot": true}`,
+	// Scorers in another order, other weights, no shed-filter; and a
+	// shed-filter of its own with only some scorers.
+	`{"profile": "s", "profiles": {"s": {"scorers": [{"scorer": "running-requests-scorer", "weight": 0.5},
+		{"scorer": "lora-affinity-scorer", "weight": 3}, {"scorer": "kv-cache-scorer", "weight": 1}, {"scorer": "queue-scorer", "weight": 1}],
+		"picker": "max-score-picker"}}}`,
+	`{"profile": "s", "plugins": [{"type": "shed-filter", "name": "shed", "parameters": {"queueThreshold": 2, "kvCacheThreshold": 0.5}}],
+		"profiles": {"s": {"filters": ["shed"], "scorers": [{"scorer": "queue-scorer", "weight": 1}, {"scorer": "lora-affinity-scorer", "weight": 1}],
+		"picker": "max-score-picker"}}}`,
+}
+
+// fleetShape varies the snapshots so every branch and tie pattern shows up.
+type fleetShape int
+
+const (
+	shapeRandom    fleetShape = iota // randomSnapshot: queues over every threshold
+	shapeIdle                        // everything at 0: one big tie
+	shapeQuantised                   // few distinct queue and KV values: many ties
+	shapeQueued                      // every queue past the low-queue threshold
+	shapeOdd                         // NaN and -0 KV use, empty adapter names
+	numShapes
+)
+
+func shapedSnapshot(r *rand.Rand, n int, shape fleetShape) *Snapshot {
+	snap := randomSnapshot(r, n)
+	for i := range snap.Endpoints {
+		m := &snap.Endpoints[i].Metrics
+		switch shape {
+		case shapeIdle:
+			m.WaitingQueueSize, m.RunningQueueSize, m.KVCacheUsage = 0, 0, 0
+		case shapeQuantised:
+			m.WaitingQueueSize = r.IntN(3) * 3
+			m.RunningQueueSize = r.IntN(4)
+			m.KVCacheUsage = float64(r.IntN(5)) / 4
+		case shapeQueued:
+			m.WaitingQueueSize = 129 + r.IntN(3*n+10)
+		case shapeOdd:
+			switch r.IntN(4) {
+			case 0:
+				m.KVCacheUsage = math.NaN()
+			case 1:
+				m.KVCacheUsage = math.Copysign(0, -1)
+			case 2:
+				m.ActiveModels = append(m.ActiveModels, "")
+			case 3:
+				if r.IntN(40) == 0 { // values the fast paths leave to the plugins
+					m.KVCacheUsage = math.Inf(1)
+				}
+			}
+		}
+	}
+	return snap
+}
+
+// copySnapshot gives the twin its own endpoints (Observe writes them).
+func copySnapshot(s *Snapshot) *Snapshot {
+	return &Snapshot{Endpoints: slices.Clone(s.Endpoints), Time: s.Time}
+}
+
+// TestIndexedDecisionsEqualScanned runs the same requests, Observe calls,
+// in-place changes and clock through two Schedulers that differ only in
+// indexing, each on its own copy of the snapshot, and requires identical
+// results: same endpoint, outcome, path and stale count, draw for draw.
+func TestIndexedDecisionsEqualScanned(t *testing.T) {
+	var fast, decisions int
+	for ci, cfg := range indexTestConfigs {
+		for shape := range numShapes {
+			t.Run(fmt.Sprintf("config=%d/shape=%d", ci, shape), func(t *testing.T) {
+				r := newRand(uint64(100*ci) + uint64(shape))
+				for trial := range 6 {
+					n := 1 + r.IntN(260)
+					if trial == 0 {
+						n = 1
+					}
+					f, d := runTwins(t, r, cfg, n, shape)
+					fast += f
+					decisions += d
+				}
+			})
+		}
+	}
+	// The fast paths must have decided most of it (the rest: profiles they
+	// do not cover, and snapshots with values they refuse).
+	require.Greater(t, fast, decisions/2, "fast decisions %d of %d", fast, decisions)
+}
+
+// runTwins plays one random scenario on an indexed and a scanning
+// Scheduler and returns how many decisions the fast path made.
+func runTwins(t *testing.T, r *rand.Rand, cfg string, n int, shape fleetShape) (fastDecisions, decisions int) {
+	t.Helper()
+	start := time.Unix(10_000, 0)
+	now := start
+	clock := func() time.Time { return now }
+	staleAfter := time.Duration(0)
+	if r.IntN(2) == 0 {
+		staleAfter = 2 * time.Second
+	}
+	seed, failOpen := r.Uint64(), r.IntN(2) == 0
+	opts := func(minEndpoints int) Options {
+		return Options{Rand: rand.NewPCG(seed, 7), Now: clock, StaleAfter: staleAfter, FailOpen: failOpen, IndexMinEndpoints: minEndpoints}
+	}
+	indexed := newScheduler(t, cfg, opts(1))
+	indexed.index.eager = r.IntN(2) == 0 // rebuild at once, or on the second look
+	scanned := newScheduler(t, cfg, opts(-1))
+
+	base := shapedSnapshot(r, n, shape)
+	stamp := func(m *Metrics) {
+		m.UpdateTime = now.Add(-time.Duration(r.IntN(3000)) * time.Millisecond)
+	}
+	for i := range base.Endpoints {
+		stamp(&base.Endpoints[i].Metrics)
+	}
+	a, b := base, copySnapshot(base)
+	models := []string{"base", adapterName(0), adapterName(1), adapterName(2), adapterName(r.IntN(10)), "", "nowhere"}
+	var lastA, lastB Result
+	var lastReq *Request
+	for step := range 150 {
+		switch k := r.IntN(20); {
+		case k < 12: // a decision
+			req := &Request{Model: models[r.IntN(len(models))], Criticality: Criticality(r.IntN(4))}
+			if req.Criticality == 3 {
+				req.Criticality = 7
+			}
+			if r.IntN(4) == 0 {
+				req.TargetModel = adapterName(r.IntN(10))
+			}
+			req.Admitted = r.IntN(5) == 0 // flow control let it go
+			before := indexed.index.decisions
+			lastA, lastB, lastReq = indexed.Schedule(req, a), scanned.Schedule(req, b), req
+			requireSameResult(t, step, lastA, lastB)
+			decisions++
+			fastDecisions += indexed.index.decisions - before
+		case k < 13:
+			ra, rb := indexed.LeastLoaded(a), scanned.LeastLoaded(b)
+			requireSameResult(t, step, ra, rb)
+		case k < 15: // Observe the last decision
+			if lastReq != nil {
+				indexed.Observe(lastReq, lastA)
+				scanned.Observe(lastReq, lastB)
+				lastReq = nil
+			}
+		case k < 18: // fresh metrics for a few endpoints, in place
+			for range 1 + r.IntN(4) {
+				i := r.IntN(n)
+				m := shapedSnapshot(r, 1, shape).Endpoints[0].Metrics
+				stamp(&m)
+				a.Endpoints[i].Metrics, b.Endpoints[i].Metrics = m, m
+				a.MetricsChanged(i)
+			}
+		case k < 19: // the clock moves (endpoints go stale)
+			now = now.Add(time.Duration(r.IntN(1500)) * time.Millisecond)
+		default: // a new snapshot, or the same one changed wholesale
+			next := shapedSnapshot(r, n, shape)
+			for i := range next.Endpoints {
+				stamp(&next.Endpoints[i].Metrics)
+			}
+			if r.IntN(2) == 0 {
+				a, b = next, copySnapshot(next)
+			} else {
+				copy(a.Endpoints, next.Endpoints)
+				copy(b.Endpoints, next.Endpoints)
+				a.Changed()
+			}
+			lastReq = nil
+		}
+	}
+	return fastDecisions, decisions
+}
+
+func requireSameResult(t *testing.T, step int, a, b Result) {
+	t.Helper()
+	require.Equal(t, b.Index, a.Index, "step %d: index (scanned %+v)", step, b)
+	require.Equal(t, b.Outcome, a.Outcome, "step %d: outcome", step)
+	require.Equal(t, b.Path, a.Path, "step %d: path", step)
+	require.Equal(t, b.Profile, a.Profile, "step %d: profile", step)
+	require.Equal(t, b.Stale, a.Stale, "step %d: stale", step)
+	require.Equal(t, a.Index >= 0, a.Endpoint != nil)
+}
+
+// TestIndexRebuildWaitsForASecondDecision: a rebuild costs a few scans, so
+// the first decision after a wholesale change scans and the second, on
+// the same state, builds the index and uses it; changes to a few
+// endpoints are applied without a rebuild.
+func TestIndexRebuildWaitsForASecondDecision(t *testing.T) {
+	o := seeded(1)
+	o.IndexMinEndpoints = 1
+	s := newScheduler(t, `{"profile": "decision-tree"}`, o)
+	snap := randomSnapshot(newRand(5), 300)
+	req := &Request{Model: adapterName(1), Criticality: Critical}
+	x := s.index
+	decide := func() { s.Schedule(req, snap) }
+
+	decide()
+	require.Equal(t, 0, x.rebuilds, "first look at a new snapshot: scanned")
+	require.Equal(t, 0, x.decisions)
+	decide()
+	require.Equal(t, 1, x.rebuilds, "second look: built")
+	require.Equal(t, 1, x.decisions)
+
+	snap.Endpoints[3].Metrics.WaitingQueueSize++
+	snap.MetricsChanged(3)
+	decide()
+	require.Equal(t, 1, x.rebuilds, "one endpoint changed: updated, not rebuilt")
+	require.Equal(t, 1, x.updates)
+	require.Equal(t, 2, x.decisions)
+
+	snap.Changed()
+	decide()
+	snap.Changed()
+	decide()
+	require.Equal(t, 1, x.rebuilds, "changes faster than decisions: scanned")
+	decide()
+	require.Equal(t, 2, x.rebuilds)
+	require.Equal(t, 3, x.decisions)
+}
+
+// TestIndexedDecisionsAllocateNothing: once the index and its orders are
+// built, decisions, Observe and in-place changes allocate nothing.
+func TestIndexedDecisionsAllocateNothing(t *testing.T) {
+	for _, cfg := range []string{`{"profile": "decision-tree", "countRoutedSinceSnapshot": true}`, `{"profile": "least-request"}`} {
+		o := seeded(1)
+		o.IndexMinEndpoints = 1
+		s := newScheduler(t, cfg, o)
+		s.index.eager = true
+		r := newRand(9)
+		snap := randomSnapshot(r, 500)
+		reqs := benchRequests()
+		step := func(i int) {
+			req := reqs[i%len(reqs)]
+			s.Observe(req, s.Schedule(req, snap))
+			drift(r, &snap.Endpoints[i*7%500].Metrics)
+			snap.MetricsChanged(i * 7 % 500)
+			s.LeastLoaded(snap)
+		}
+		for i := range 5000 { // warm up: every order and scratch buffer at its size
+			step(i)
+		}
+		i := 0
+		require.Zero(t, testing.AllocsPerRun(2000, func() { step(i); i++ }), cfg)
+	}
+}
+
+// TestMetricsChangedBeforeIndexing costs nothing: a snapshot no Scheduler
+// has indexed keeps no change log.
+func TestMetricsChangedBeforeIndexing(t *testing.T) {
+	snap := randomSnapshot(newRand(1), 10)
+	require.Zero(t, testing.AllocsPerRun(100, func() { snap.MetricsChanged(3); snap.Changed() }))
+	require.Nil(t, snap.changes.ring)
+	require.Zero(t, snap.changes.gen)
+}
