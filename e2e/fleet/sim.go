@@ -348,11 +348,13 @@ func runOnce(cfg RunConfig, into *samples) (Result, error) {
 				UpdateTime:       t,
 			}
 		}
+		snap.Changed() // every endpoint rewritten in place
 		for _, v := range views[1:] {
 			// Every VM reads the same scrape into its own snapshot; what one
 			// VM counts on top of it stays its own.
 			v.Snapshot.Time = t
 			copy(v.Snapshot.Endpoints, snap.Endpoints)
+			v.Snapshot.Changed()
 		}
 	}
 	counters := func() (c vllmsim.Counters) {

@@ -139,6 +139,7 @@ func (a *Admission) Sync(snap *scheduler.Snapshot, tag uint64) error {
 	for _, r := range a.record {
 		if d := int32(r.count) - a.applied[r.index]; d > 0 {
 			snap.Endpoints[r.index].Metrics.WaitingQueueSize += int(d)
+			snap.MetricsChanged(int(r.index))
 			a.applied[r.index] += d
 		}
 	}
@@ -195,6 +196,7 @@ func (a *Admission) countLocal(snap *scheduler.Snapshot, tag uint64, i int) {
 	a.use(snap, tag)
 	a.applied[i]++
 	snap.Endpoints[i].Metrics.WaitingQueueSize++
+	snap.MetricsChanged(i)
 }
 
 // use starts over when snap is a new copy or tag a new snapshot.

@@ -54,6 +54,7 @@ func (r *Releaser[T]) Release(now time.Duration, snap *scheduler.Snapshot, tag u
 			_, err = r.Admission.Place(snap, tag, try)
 		} else if i := try(); i >= 0 && i < len(snap.Endpoints) {
 			snap.Endpoints[i].Metrics.WaitingQueueSize++
+			snap.MetricsChanged(i)
 		}
 		switch res.Outcome {
 		case scheduler.Dropped:
