@@ -5,24 +5,153 @@ import (
 	"testing"
 )
 
-// BenchmarkSchedule measures one decision per op for each built-in profile
-// at 8, 64 and 512 endpoints. Requests rotate over 10 adapters and the
-// three criticalities, so every branch of the tree is exercised.
-//
-//	go test -run '^$' -bench BenchmarkSchedule -benchmem ./scheduler/
-func BenchmarkSchedule(b *testing.B) {
+// benchSizes are the snapshot sizes of the scheduler benchmarks.
+var benchSizes = []int{8, 64, 512, 1000, 5000}
+
+// benchModes are the ways of deciding compared: visiting every endpoint
+// (scan, as below DefaultIndexMinEndpoints) and the per-snapshot index.
+var benchModes = []struct {
+	name         string
+	minEndpoints int
+}{{"scan", -1}, {"index", 1}}
+
+func benchRequests() []*Request {
 	var reqs []*Request
 	for i := range 30 {
 		reqs = append(reqs, &Request{Model: adapterName(i % 10), Criticality: Criticality(i % 3)})
 	}
-	for _, profile := range []string{"decision-tree", "scoring", "least-request", "random"} {
-		for _, n := range []int{8, 64, 512} {
-			b.Run(fmt.Sprintf("profile=%s/endpoints=%d", profile, n), func(b *testing.B) {
+	return reqs
+}
+
+// BenchmarkSchedule measures one decision per op for each built-in profile
+// at each size, scanning and indexed, on an unchanging snapshot (the index
+// is built once). Requests rotate over 10 adapters and the three
+// criticalities, so every branch of the tree is exercised.
+//
+//	go test -run '^$' -bench BenchmarkSchedule -benchmem ./scheduler/
+func BenchmarkSchedule(b *testing.B) {
+	benchSchedule(b, []string{"decision-tree", "scoring", "least-request", "random", "round-robin"}, benchRequests())
+}
+
+// BenchmarkScheduleBaseModel is BenchmarkSchedule for requests of the base
+// model, which no endpoint lists as an adapter: the profiles whose
+// decision depends on the target adapter then have no holders to score,
+// and the indexed decision is O(log N) alone.
+//
+//	go test -run '^$' -bench BenchmarkScheduleBaseModel -benchmem ./scheduler/
+func BenchmarkScheduleBaseModel(b *testing.B) {
+	var reqs []*Request
+	for i := range 3 {
+		reqs = append(reqs, &Request{Model: "base", Criticality: Criticality(i)})
+	}
+	benchSchedule(b, []string{"decision-tree", "scoring"}, reqs)
+}
+
+func benchSchedule(b *testing.B, profiles []string, reqs []*Request) {
+	for _, profile := range profiles {
+		for _, n := range benchSizes {
+			for _, mode := range benchModes {
+				b.Run(fmt.Sprintf("profile=%s/endpoints=%d/%s", profile, n, mode.name), func(b *testing.B) {
+					snap := randomSnapshot(newRand(uint64(n)), n)
+					o := seeded(1)
+					o.IndexMinEndpoints = mode.minEndpoints
+					s := newScheduler(b, `{"profile": "`+profile+`"}`, o)
+					b.ReportAllocs()
+					i := 0
+					for b.Loop() {
+						s.Schedule(reqs[i%len(reqs)], snap)
+						i++
+					}
+				})
+			}
+		}
+	}
+}
+
+// BenchmarkLeastLoaded measures the body-less (GET /v1/models) decision.
+func BenchmarkLeastLoaded(b *testing.B) {
+	for _, n := range benchSizes {
+		for _, mode := range benchModes {
+			b.Run(fmt.Sprintf("endpoints=%d/%s", n, mode.name), func(b *testing.B) {
 				snap := randomSnapshot(newRand(uint64(n)), n)
-				s := newScheduler(b, `{"profile": "`+profile+`"}`, seeded(1))
+				o := seeded(1)
+				o.IndexMinEndpoints = mode.minEndpoints
+				s := newScheduler(b, ``, o)
+				b.ReportAllocs()
+				for b.Loop() {
+					s.LeastLoaded(snap)
+				}
+			})
+		}
+	}
+}
+
+// BenchmarkScheduleCounting is a decision followed by Observe with
+// countRoutedSinceSnapshot on (the counts grow without a new snapshot; only
+// the cost matters here). Indexed, each Observe moves the chosen endpoint
+// in the orders.
+//
+//	go test -run '^$' -bench BenchmarkScheduleCounting -benchmem ./scheduler/
+func BenchmarkScheduleCounting(b *testing.B) {
+	reqs := benchRequests()
+	for _, profile := range []string{"decision-tree", "scoring"} {
+		for _, n := range []int{64, 1000} {
+			for _, mode := range benchModes {
+				b.Run(fmt.Sprintf("profile=%s/endpoints=%d/%s", profile, n, mode.name), func(b *testing.B) {
+					snap := randomSnapshot(newRand(uint64(n)), n)
+					o := seeded(1)
+					o.IndexMinEndpoints = mode.minEndpoints
+					s := newScheduler(b, countingConfig(profile, true), o)
+					b.ReportAllocs()
+					i := 0
+					for b.Loop() {
+						req := reqs[i%len(reqs)]
+						s.Observe(req, s.Schedule(req, snap))
+						i++
+					}
+				})
+			}
+		}
+	}
+}
+
+// BenchmarkIndexRebuild is the per-snapshot cost of the index: one
+// decision on a snapshot whose metrics were all rewritten in place
+// (Snapshot.Changed), so the index and the orders the decision reads are
+// built again; the decision itself is BenchmarkSchedule's. Each op
+// alternates between two sets of values 50 ms of serving apart (drift),
+// so the orders are rebuilt from nearly sorted input, as from one scrape
+// to the next.
+//
+//	go test -run '^$' -bench BenchmarkIndexRebuild -benchmem ./scheduler/
+func BenchmarkIndexRebuild(b *testing.B) {
+	reqs := benchRequests()
+	for _, profile := range []string{"decision-tree", "least-request"} {
+		for _, n := range benchSizes[1:] {
+			b.Run(fmt.Sprintf("profile=%s/endpoints=%d", profile, n), func(b *testing.B) {
+				r := newRand(uint64(n))
+				snap := randomSnapshot(r, n)
+				var values [2][]Metrics
+				for i := range snap.Endpoints {
+					m := snap.Endpoints[i].Metrics
+					values[0] = append(values[0], m)
+					drift(r, &m)
+					values[1] = append(values[1], m)
+				}
+				o := seeded(1)
+				o.IndexMinEndpoints = 1
+				s := newScheduler(b, `{"profile": "`+profile+`"}`, o)
+				s.index.eager = true
+				for _, req := range reqs { // every order built once
+					s.Schedule(req, snap)
+				}
 				b.ReportAllocs()
 				i := 0
 				for b.Loop() {
+					for k, m := range values[i%2] {
+						snap.Endpoints[k].Metrics = m
+					}
+					snap.Changed()
 					s.Schedule(reqs[i%len(reqs)], snap)
 					i++
 				}
@@ -31,41 +160,61 @@ func BenchmarkSchedule(b *testing.B) {
 	}
 }
 
-// BenchmarkLeastLoaded measures the body-less (GET /v1/models) decision.
-func BenchmarkLeastLoaded(b *testing.B) {
-	for _, n := range []int{8, 64, 512} {
-		b.Run(fmt.Sprintf("endpoints=%d", n), func(b *testing.B) {
-			snap := randomSnapshot(newRand(uint64(n)), n)
-			s := newScheduler(b, ``, seeded(1))
-			b.ReportAllocs()
-			for b.Loop() {
-				s.LeastLoaded(snap)
+// BenchmarkIndexUpdate is one decision after k endpoints got fresh
+// metrics in place (Snapshot.MetricsChanged each), as a router refresh
+// that rewrote k endpoints does; per op: the k updates and the decision.
+// "drift" changes what a scrape 50 ms later changes (KV use and the
+// running batch always, the queue by one now and then, adapters rarely);
+// "random" draws every value anew, adapters included (the worst case:
+// entries move across the orders and adapter lists change every time).
+//
+//	go test -run '^$' -bench BenchmarkIndexUpdate -benchmem ./scheduler/
+func BenchmarkIndexUpdate(b *testing.B) {
+	reqs := benchRequests()
+	for _, kind := range []string{"drift", "random"} {
+		for _, n := range benchSizes[1:] {
+			for _, k := range []int{1, 16, 64} {
+				b.Run(fmt.Sprintf("%s/endpoints=%d/changed=%d", kind, n, k), func(b *testing.B) {
+					r := newRand(uint64(n))
+					snap := randomSnapshot(r, n)
+					fresh := randomSnapshot(r, 256).Endpoints // values to write
+					o := seeded(1)
+					o.IndexMinEndpoints = 1
+					s := newScheduler(b, `{"profile": "decision-tree"}`, o)
+					for _, req := range reqs {
+						s.Schedule(req, snap)
+					}
+					b.ReportAllocs()
+					i, j := 0, 0
+					for b.Loop() {
+						for range k {
+							e := j * 7919 % n
+							m := &snap.Endpoints[e].Metrics
+							if kind == "random" {
+								*m = fresh[j%len(fresh)].Metrics
+							} else {
+								drift(r, m)
+							}
+							snap.MetricsChanged(e)
+							j++
+						}
+						s.Schedule(reqs[i%len(reqs)], snap)
+						i++
+					}
+				})
 			}
-		})
+		}
 	}
 }
 
-// BenchmarkScheduleCounting is a decision followed by Observe with
-// countRoutedSinceSnapshot on (the counts grow without a new snapshot; only
-// the cost matters here).
-//
-//	go test -run '^$' -bench BenchmarkScheduleCounting -benchmem ./scheduler/
-func BenchmarkScheduleCounting(b *testing.B) {
-	var reqs []*Request
-	for i := range 30 {
-		reqs = append(reqs, &Request{Model: adapterName(i % 10), Criticality: Criticality(i % 3)})
+// drift changes m as 50 ms of serving would.
+func drift(r interface{ IntN(int) int }, m *Metrics) {
+	m.KVCacheUsage = min(1, max(0, m.KVCacheUsage+float64(r.IntN(21)-10)/1000))
+	m.RunningQueueSize = max(0, m.RunningQueueSize+r.IntN(5)-2)
+	if r.IntN(4) == 0 {
+		m.WaitingQueueSize = max(0, m.WaitingQueueSize+r.IntN(3)-1)
 	}
-	for _, profile := range []string{"decision-tree", "scoring"} {
-		b.Run("profile="+profile+"/endpoints=64", func(b *testing.B) {
-			snap := randomSnapshot(newRand(64), 64)
-			s := newScheduler(b, countingConfig(profile, true), seeded(1))
-			b.ReportAllocs()
-			i := 0
-			for b.Loop() {
-				req := reqs[i%len(reqs)]
-				s.Observe(req, s.Schedule(req, snap))
-				i++
-			}
-		})
+	if r.IntN(50) == 0 && len(m.WaitingModels) > 0 {
+		m.WaitingModels = m.WaitingModels[1:]
 	}
 }

@@ -130,9 +130,11 @@ func BenchmarkFilterCallbacksTrivialPlugin(b *testing.B) {
 
 // BenchmarkFilterCallbacksMainPlugin is BenchmarkFilterCallbacksTrivialPlugin
 // with the real module (WASM_EPP_WASM, else a build of ./plugin) routing a
-// 4 KiB chat request over N endpoints: the plugin's own cost per request in
-// the host, without the network and with warm caches (e2e/filtertest
-// BenchmarkPluginRequest measures it inside a loaded HTTP path).
+// 4 KiB chat request over N endpoints (8, 64, and 1,000, where the
+// scheduler decides on its per-snapshot index): the plugin's own cost per
+// request in the host, without the network and with warm caches
+// (e2e/filtertest BenchmarkPluginRequest measures it inside a loaded HTTP
+// path).
 func BenchmarkFilterCallbacksMainPlugin(b *testing.B) {
 	code, err := os.ReadFile(wasmbuild.Plugin(b))
 	require.NoError(b, err)
@@ -151,7 +153,7 @@ func BenchmarkFilterCallbacksMainPlugin(b *testing.B) {
 func benchmarkMainPlugin(b *testing.B, code []byte, pluginConfig, variant string) {
 	cfg, err := config.Decode([]byte(pluginConfig))
 	require.NoError(b, err)
-	for _, n := range []int{8, 64} {
+	for _, n := range []int{8, 64, 1000} {
 		b.Run(fmt.Sprintf("endpoints=%d/%s", n, variant), func(b *testing.B) {
 			h := newHarness(b, trivialGuestPkg, withWorkers(1), withAllowStopIteration(), withPluginConfig(pluginConfig),
 				func(_ *Config, p *PluginConfig) { p.VM.Code = code })
