@@ -175,7 +175,7 @@ func TestLegacyWASIProfileRefusesGoModules(t *testing.T) {
 	h, err := startHarness(t, testPluginPkg, func(c *Config, _ *PluginConfig) { c.WASIProfile = WASILegacy })
 	require.NoError(t, err, "the module starts: its init does not need poll_oneoff")
 	// Go's runtime sleeps in poll_oneoff when it collects garbage; ENOSYS
-	// there is fatal (golang/go#78513), so the VM traps.
+	// there is fatal to the Go runtime, so the VM traps.
 	resp, _ := h.do("GET", "/tp/gc", "", nil)
 	assert.Equal(t, http.StatusServiceUnavailable, resp.StatusCode)
 	failures := h.logs.Find("wasm VM failed")

@@ -333,7 +333,8 @@ func (s *stream) callHeaders(name string, m *HeaderMap, eos bool) int {
 	}
 	if r == headersStopIteration && !s.plugin.allowStopIter {
 		// Proxy-Wasm 0.2.* StopIteration becomes StopAllIterationAndWatermark
-		// unless allow_on_headers_stop_iteration (cpp-host issue #143).
+		// unless allow_on_headers_stop_iteration (cpp-host src/context.cc,
+		// onRequestHeaders).
 		return headersStopAllIterationAndWatermark
 	}
 	return int(r)

@@ -17,9 +17,9 @@ import (
 //     (FOR_ALL_HOST_FUNCTIONS, FOR_ALL_HOST_FUNCTIONS_ABI_SPECIFIC) and
 //     src/wasm.cc (registerCallbacks: which ABI-specific ones per version);
 //   - WASI: exports.h FOR_ALL_WASI_FUNCTIONS, registered under both
-//     wasi_unstable and wasi_snapshot_preview1. WASICurrent is the set after
-//     cpp-host #533 (April 2026); WASILegacy the set from #427 (December
-//     2024, first in Envoy 1.33) up to #533.
+//     wasi_unstable and wasi_snapshot_preview1. WASICurrent is the set cpp-host
+//     registers since April 2026; WASILegacy the smaller set it registered
+//     from December 2024 (first in Envoy 1.33) until then.
 //
 // Signatures follow cpp-host's C++ declarations, where Word is i32 on
 // wasm32: two of them differ from the WASI spec (path_link has 6 and
@@ -30,12 +30,12 @@ import (
 type WASIProfile int
 
 const (
-	// WASICurrent is cpp-host after #533 (in Envoy through envoy #45756):
+	// WASICurrent is cpp-host since April 2026 (in Envoy from mid-2026):
 	// the full WASI set, poll_oneoff succeeds, a wider _initialize
 	// allow-list, poll_oneoff allowed inside the allocator.
 	WASICurrent WASIProfile = iota
-	// WASILegacy is cpp-host from #427 to #533 (Envoy 1.33 until the 2026
-	// fix): 18 WASI functions, poll_oneoff answers ENOSYS and is not allowed
+	// WASILegacy is cpp-host from December 2024 to April 2026 (Envoy 1.33
+	// until the 2026 fix): 18 WASI functions, poll_oneoff answers ENOSYS and is not allowed
 	// during _initialize nor inside the allocator.
 	WASILegacy
 )
@@ -72,7 +72,7 @@ var allABIs = []ABIVersion{ABI010, ABI020, ABI021}
 
 // wasiSpecs is the WASI part of the import set.
 var wasiSpecs = []wasiSpec{
-	// The legacy set (#427).
+	// The legacy set (cpp-host from December 2024).
 	{"fd_write", "(fd i32, iovs i32, iovs_len i32, nwritten_ptr i32) i32", true},
 	{"fd_read", "(fd i32, iovs_ptr i32, iovs_len i32, nread_ptr i32) i32", true},
 	{"fd_seek", "(fd i32, offset i64, whence i32, newoffset_ptr i32) i32", true},
@@ -91,7 +91,7 @@ var wasiSpecs = []wasiSpec{
 	{"path_open", "(fd i32, dir_flags i32, path i32, path_len i32, oflags i32, fs_rights_base i64, fs_rights_inheriting i64, fd_flags i32, nwritten_ptr i32) i32", true},
 	{"fd_prestat_get", "(fd i32, buf_ptr i32) i32", true},
 	{"fd_prestat_dir_name", "(fd i32, path_ptr i32, path_len i32) i32", true},
-	// Added by #533.
+	// Added in April 2026.
 	{"fd_fdstat_set_rights", "(fd i32, fs_rights_base i64, fs_rights_inheriting i64) i32", false},
 	{"clock_res_get", "(clock_id i32, result_resolution_uint64_ptr i32) i32", false},
 	{"fd_advise", "(fd i32, offset i64, len i64, advice i32) i32", false},

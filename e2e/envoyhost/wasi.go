@@ -306,8 +306,8 @@ var wasiImpls = map[string]hostImpl{
 	"sched_yield": returns(errnoSuccess),
 	"poll_oneoff": func(vm *VM, s []uint64) {
 		if vm.host.cfg.WASIProfile == WASILegacy {
-			// Before cpp-host #533: ENOSYS, which Go's runtime treats as
-			// fatal (golang/go#78513).
+			// The legacy WASI set answers ENOSYS, which Go's runtime treats
+			// as fatal in its scheduler's sleep.
 			errno(s, errnoNosys)
 			return
 		}

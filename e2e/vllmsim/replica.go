@@ -37,8 +37,8 @@ type ReplicaConfig struct {
 	LoRASlowdownPerAdapter float64
 	AdapterLoad            AdapterLoadConfig
 	// LoRAAdmission is how waiting requests meet the MaxLoRAs limit:
-	// LoRASkip (vLLM V1 since #15422, the default) or LoRAFIFO (the rule
-	// before it, kept to measure what the skip rule costs).
+	// LoRASkip (vLLM V1's current rule, the default) or LoRAFIFO (its
+	// earlier rule, kept to measure what the skip rule costs).
 	LoRAAdmission LoRAAdmission
 }
 
@@ -53,7 +53,7 @@ const (
 	// considered, so new requests of an adapter in the batch overtake it;
 	// it stays at its place in the waiting order for the next step.
 	LoRASkip LoRAAdmission = iota
-	// LoRAFIFO stops admitting at that request, as V1 did before #15422:
+	// LoRAFIFO stops admitting at that request, as V1's scheduler once did:
 	// strict arrival order, head-of-line blocking on adapter slots.
 	LoRAFIFO
 )

@@ -203,7 +203,7 @@ func TestLoRARequestWithoutSlotWaitsWithoutBlockingOthers(t *testing.T) {
 }
 
 func TestLoRAFIFOBlocksBehindTheWaitingAdapter(t *testing.T) {
-	// The same arrivals as above under the rule vLLM V1 had before #15422:
+	// The same arrivals as above under vLLM V1's earlier FIFO rule:
 	// b's adapter has no slot, so nothing behind it is admitted either.
 	r, a1, b, a2, base := loraQueue(t, LoRAFIFO)
 	next, _ := r.NextEventTime()
