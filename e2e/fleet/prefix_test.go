@@ -316,3 +316,60 @@ func TestBurstsOfConversations(t *testing.T) {
 	assert.Greater(t, r.Arrivals, plain.Arrivals+100, "a quarter of the time at 4× the rate of new conversations")
 	assert.Positive(t, r.HitRate())
 }
+
+// TestUniquePromptsChangeOnlyPrefixPolicies: scenarios (a)–(c) carry token
+// ids that no other request shares. The replicas must serve them exactly as
+// prompts without ids (preemptions included, whose resumption hits the
+// request's own blocks), so every policy that ignores prompts gives the
+// same figures with or without them, and a prefix-aware policy sees the
+// ids.
+func TestUniquePromptsChangeOnlyPrefixPolicies(t *testing.T) {
+	tr := shareGPT{input: vllmsim.ShareGPTInput, output: vllmsim.ShareGPTOutput,
+		adapters: vllmsim.EqualShares(vllmsim.AdapterNames("lora", 6)...), unique: true}
+	reqs := takeAll(t, tr, 50, 300)
+	firstBlocks := map[[16]uint32]bool{}
+	plain := takeAll(t, shareGPT{input: tr.input, output: tr.output, adapters: tr.adapters}, 50, 300)
+	for i, a := range reqs {
+		require.Len(t, a.prompt, a.promptTokens)
+		require.Nil(t, plain[i].prompt)
+		a.prompt = nil
+		require.Equal(t, plain[i], a, "the same arrivals, lengths and adapters as without ids")
+		if len(reqs[i].prompt) >= 16 {
+			var b [16]uint32
+			copy(b[:], reqs[i].prompt)
+			require.False(t, firstBlocks[b], "no two prompts share a first block")
+			firstBlocks[b] = true
+		}
+	}
+	for _, sc := range []Scenario{SeedScenario(), RegressionScenario(), BaseModelScenario()} {
+		assert.True(t, sc.UniquePrompts, sc.Name)
+		assert.False(t, sc.SharesPrefixes(), sc.Name)
+	}
+
+	// Overloaded, so that replicas preempt and resume requests.
+	for _, policy := range []string{scheduler.ProfileScoring, scheduler.ProfileDecisionTree, scheduler.ProfileLeastRequest, EnvoyLeastRequest, Oracle} {
+		t.Run(policy, func(t *testing.T) {
+			cfg := smallRun(t, policy, 60)
+			cfg.Gateways, cfg.GatewayVMs = 2, 2
+			cfg.Scenario.Replica.KVCapacityTokens = 20_000 // a fifth of the model's: preemptions
+			without, err := Run(cfg)
+			require.NoError(t, err)
+			cfg.Scenario.UniquePrompts = true
+			with, err := Run(cfg)
+			require.NoError(t, err)
+			require.Equal(t, without, with)
+			require.Positive(t, without.Preemptions, "the run must exercise preemption")
+			t.Logf("completed %d, preemptions %d, p90 TTFT %v", without.Completed, without.Preemptions, without.TTFT.P90)
+		})
+	}
+	t.Run(PolicyPrefixAware, func(t *testing.T) {
+		cfg := smallRun(t, scheduler.ProfileScoring, 60)
+		cfg.Policy = PrefixPolicies()[0]
+		cfg.Scenario.UniquePrompts = true
+		res, err := Run(cfg)
+		require.NoError(t, err)
+		require.Positive(t, res.Prediction.Judged)
+		assert.Zero(t, res.Prediction.PredictedHits, "nothing is shared: nothing to predict")
+		assert.Less(t, res.HitRate(), 0.01)
+	})
+}

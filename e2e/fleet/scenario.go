@@ -31,6 +31,13 @@ type Scenario struct {
 	// shared prefixes: SharedContexts, MultiTurn, SystemPrompts).
 	Traffic     Traffic
 	Criticality CriticalityMix
+	// UniquePrompts, with Traffic nil, gives every request token ids that
+	// no other request shares (uniquePromptTokens), so that prefix-aware
+	// policies run their real path on a prompt nobody holds: hashing, an
+	// index miss, the consistent choice, the load guard. The replicas
+	// serve such a prompt exactly as one without ids (vllmsim: it shares
+	// no block with any other), so no other policy's figures change.
+	UniquePrompts bool
 	// MinWarmup is the least warmup a run of the scenario gets, whatever
 	// RunConfig.Warmup says: conversations take minutes to reach their
 	// steady mix of turns.
@@ -42,10 +49,11 @@ func (s Scenario) traffic() Traffic {
 	if s.Traffic != nil {
 		return s.Traffic
 	}
-	return shareGPT{input: s.Input, output: s.Output, adapters: s.Adapters}
+	return shareGPT{input: s.Input, output: s.Output, adapters: s.Adapters, unique: s.UniquePrompts}
 }
 
-// SharesPrefixes reports whether the scenario's prompts share prefixes.
+// SharesPrefixes reports whether the scenario's prompts share prefixes
+// (unique prompts share none).
 func (s Scenario) SharesPrefixes() bool { return s.Traffic != nil }
 
 // Validate reports the first unusable field.
@@ -77,14 +85,15 @@ func SeedScenario() Scenario {
 	cfg := vllmsim.DefaultReplicaConfig(vllmsim.Llama2_7B)
 	cfg.MaxLoRAs = 4
 	return Scenario{
-		Name:        "a",
-		Title:       "seed: 8 replicas, max-lora 4, 10 adapters at equal traffic",
-		Replicas:    8,
-		Replica:     cfg,
-		Adapters:    vllmsim.EqualShares(vllmsim.AdapterNames("lora", 10)...),
-		Input:       vllmsim.ShareGPTInput,
-		Output:      vllmsim.ShareGPTOutput,
-		Criticality: AllCritical,
+		Name:          "a",
+		Title:         "seed: 8 replicas, max-lora 4, 10 adapters at equal traffic",
+		Replicas:      8,
+		Replica:       cfg,
+		Adapters:      vllmsim.EqualShares(vllmsim.AdapterNames("lora", 10)...),
+		Input:         vllmsim.ShareGPTInput,
+		Output:        vllmsim.ShareGPTOutput,
+		Criticality:   AllCritical,
+		UniquePrompts: true,
 	}
 }
 
@@ -101,14 +110,15 @@ func RegressionScenario() Scenario {
 		shares[i] = vllmsim.AdapterShare{Name: n, Weight: w}
 	}
 	return Scenario{
-		Name:        "b",
-		Title:       "regression: 10 replicas, max-lora 3, 15 adapters at 5×12%/5×6%/5×2%",
-		Replicas:    10,
-		Replica:     cfg,
-		Adapters:    shares,
-		Input:       vllmsim.ShareGPTInput,
-		Output:      vllmsim.ShareGPTOutput,
-		Criticality: AllCritical,
+		Name:          "b",
+		Title:         "regression: 10 replicas, max-lora 3, 15 adapters at 5×12%/5×6%/5×2%",
+		Replicas:      10,
+		Replica:       cfg,
+		Adapters:      shares,
+		Input:         vllmsim.ShareGPTInput,
+		Output:        vllmsim.ShareGPTOutput,
+		Criticality:   AllCritical,
+		UniquePrompts: true,
 	}
 }
 
@@ -121,13 +131,14 @@ func BaseModelScenario() Scenario {
 	cfg := vllmsim.DefaultReplicaConfig(vllmsim.Llama2_7B)
 	cfg.MaxLoRAs = 0
 	return Scenario{
-		Name:        "c",
-		Title:       "base model: 8 replicas, no adapters",
-		Replicas:    8,
-		Replica:     cfg,
-		Input:       vllmsim.ShareGPTInput,
-		Output:      vllmsim.ShareGPTOutput,
-		Criticality: AllCritical,
+		Name:          "c",
+		Title:         "base model: 8 replicas, no adapters",
+		Replicas:      8,
+		Replica:       cfg,
+		Input:         vllmsim.ShareGPTInput,
+		Output:        vllmsim.ShareGPTOutput,
+		Criticality:   AllCritical,
+		UniquePrompts: true,
 	}
 }
 

@@ -119,10 +119,12 @@ func (b *burstSource) take(a *arrival) {
 
 // shareGPT is the traffic of scenarios (a) to (c): Poisson arrivals with
 // ShareGPT lengths and an adapter mix (vllmsim.Workload); every prompt
-// shares nothing with another (Request.Prompt nil).
+// shares nothing with another: it has no token ids (Request.Prompt nil),
+// or with unique, ids no other request shares (uniquePromptTokens).
 type shareGPT struct {
 	input, output vllmsim.LengthDist
 	adapters      []vllmsim.AdapterShare
+	unique        bool
 }
 
 func (s shareGPT) Describe() string {
@@ -147,12 +149,18 @@ func (s shareGPT) newSource(rate float64, seed uint64) (source, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &workloadSource{w: w, next: w.Next()}, nil
+	src := &workloadSource{w: w, next: w.Next()}
+	if s.unique {
+		src.ids = rand.New(rand.NewPCG(seed, 0x1d5e))
+	}
+	return src, nil
 }
 
 type workloadSource struct {
 	w    *vllmsim.Workload
 	next vllmsim.Arrival
+	ids  *rand.Rand // unique prompts: their token ids; nil: none
+	buf  []uint32
 }
 
 func (s *workloadSource) peek() time.Duration { return s.next.At }
@@ -162,7 +170,19 @@ func (s *workloadSource) opensNext() bool { return true }
 func (s *workloadSource) take(a *arrival) {
 	n := s.next
 	*a = arrival{seq: n.Seq, at: n.At, adapter: n.Adapter, promptTokens: n.PromptTokens, outputTokens: n.OutputTokens, opens: true}
+	if s.ids != nil {
+		s.buf = uniquePromptTokens(s.buf[:0], s.ids, n.PromptTokens)
+		a.prompt = s.buf
+	}
 	s.next = s.w.Next()
+}
+
+// uniquePromptTokens appends n token ids that no other prompt shares: ids
+// below 2^24 drawn from rng, a stream of its own per run seed (so the
+// arrivals, lengths and adapters are those of the run without ids). Two
+// prompts share a first 16-token block with probability 2^-384: never.
+func uniquePromptTokens(dst []uint32, rng *rand.Rand, n int) []uint32 {
+	return appendRandomTokens(dst, rng, n)
 }
 
 // Token ids of generated text: random ids below 2^24 (a vocabulary), and
