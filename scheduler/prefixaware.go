@@ -67,6 +67,11 @@ const (
 	PathPrefixSaturated = "prefix/saturated"
 	// PathPrefixNone: the request has no prompt to match (scorers decide).
 	PathPrefixNone = "prefix/none"
+	// PathPrefixUnshared: no endpoint holds the prompt's prefix and recent
+	// prompts rarely started like an earlier one (below MinReuse): the
+	// scorers choose among every candidate, as for a request without a
+	// prompt.
+	PathPrefixUnshared = "prefix/unshared"
 )
 
 // Prefix-affinity defaults.
@@ -77,7 +82,13 @@ const (
 	DefaultPrefixMinMatchBlocks   = 4
 	DefaultPrefixBalanceFactor    = 1.25
 	DefaultPrefixMinCapacity      = 16
+	DefaultPrefixMinReuse         = 0.05
 )
+
+// prefixReuseWindow is how many recent requests (with a prompt) the
+// affinity filter's reuse share averages over, per filter instance (one
+// per worker VM in the plugin).
+const prefixReuseWindow = 128
 
 // PrefixAffinityFilter sends a request where its prompt's prefix is
 // cached, while that endpoint has capacity, and otherwise to the endpoint
@@ -105,6 +116,15 @@ const (
 //     replica and worker, whose indexes differ, and an endpoint joining or
 //     leaving moves only its share. ConsistentHashing off keeps them all
 //     for the scorers.
+//  5. The consistent choice costs balance: it ignores load up to the
+//     bound. It pays only when later prompts start like this one (a
+//     conversation's next turn arriving at another gateway, a document
+//     sent again), so it is made only while at least MinReuse of the
+//     recent prompts (an average over the last prefixReuseWindow) found
+//     a prefix the index knows. Below that, a prompt nobody holds keeps
+//     every candidate for the scorers (PathPrefixUnshared), exactly as
+//     the scoring profile would route it. The share starts at 1: a fresh
+//     worker makes consistent choices until it has seen otherwise.
 //
 // Requests without prefix information keep every candidate
 // (PathPrefixNone).
@@ -117,18 +137,35 @@ type PrefixAffinityFilter struct {
 	ConsistentHashing bool
 	BalanceFactor     float64
 	MinCapacity       int
+	MinReuse          float64
 
-	rz    prefix.Rendezvous
-	pool  []*Endpoint
-	ids   []uint32
-	loads []int
+	// unseen is the running share of recent prompts whose prefix no
+	// candidate held (0 at first: reuse is assumed until seen otherwise).
+	unseen float64
+	rz     prefix.Rendezvous
+	pool   []*Endpoint
+	ids    []uint32
+	loads  []int
 }
 
 func (f *PrefixAffinityFilter) Name() string { return f.PluginName }
 
 // Paths lists the paths the filter sets.
 func (f *PrefixAffinityFilter) Paths() []string {
-	return []string{PathPrefixAffinity, PathPrefixConsistent, PathPrefixSaturated, PathPrefixNone}
+	return []string{PathPrefixAffinity, PathPrefixConsistent, PathPrefixSaturated, PathPrefixNone, PathPrefixUnshared}
+}
+
+// Reuse is the running share of recent prompts that found a prefix the
+// index knows (1 before any request).
+func (f *PrefixAffinityFilter) Reuse() float64 { return 1 - f.unseen }
+
+// observe adds one prompt to the running reuse share.
+func (f *PrefixAffinityFilter) observe(seen bool) {
+	x := 1.0
+	if seen {
+		x = 0
+	}
+	f.unseen += (x - f.unseen) / prefixReuseWindow
 }
 
 func (f *PrefixAffinityFilter) hasCapacity(e *Endpoint) bool {
@@ -145,9 +182,18 @@ func (f *PrefixAffinityFilter) Filter(c *Cycle, dst, candidates []*Endpoint) []*
 	// fleet (BalanceFactor × the mean outstanding requests, at least
 	// MinCapacity): a hot prefix spreads before its holder is a hot spot,
 	// not only once it is full.
-	total := 0
+	total, seen := 0, 0
 	for _, e := range candidates {
 		total += outstanding(e)
+		seen = max(seen, info.MatchedBlocks(e))
+	}
+	minMatch := max(f.MinMatchBlocks, 1)
+	f.observe(seen >= minMatch)
+	if seen < minMatch && f.ConsistentHashing && f.Reuse() < f.MinReuse {
+		// A prompt nobody holds, where prompts are rarely reused: a
+		// consistent choice would cost balance for nothing.
+		c.SetPath(PathPrefixUnshared)
+		return append(dst, candidates...)
 	}
 	bound := max(f.MinCapacity, int(math.Ceil(f.BalanceFactor*float64(total+1)/float64(len(candidates)))))
 	pool := f.pool[:0]
@@ -166,7 +212,7 @@ func (f *PrefixAffinityFilter) Filter(c *Cycle, dst, candidates []*Endpoint) []*
 		return append(dst, candidates...)
 	}
 	path := PathPrefixConsistent
-	if best >= max(f.MinMatchBlocks, 1) {
+	if best >= minMatch {
 		path = PathPrefixAffinity
 		keep := int(math.Ceil(f.KeepRatio * float64(best)))
 		n := 0

@@ -186,6 +186,68 @@ func TestPrefixAffinityKeepsAdaptersTogether(t *testing.T) {
 	}
 }
 
+// Where prompts are never reused, a prompt nobody holds goes where the
+// scoring profile sends it (the consistent choice would cost balance for
+// nothing); once prompts are reused again, new ones get the consistent
+// choice again.
+func TestNewPrefixesGoToTheScorersWhenNothingIsReused(t *testing.T) {
+	snap := idle(6)
+	for i := range snap.Endpoints {
+		snap.Endpoints[i].Metrics.WaitingQueueSize = 3
+		snap.Endpoints[i].Metrics.RunningQueueSize = 40
+	}
+	snap.Endpoints[4].Metrics.WaitingQueueSize, snap.Endpoints[4].Metrics.RunningQueueSize = 0, 10 // the least loaded
+	rig := newPrefixRig(t, nil, "")
+	scoring := newScheduler(t, `{"profile": "scoring"}`, seeded(7))
+	unique := func(i int) string {
+		return fmt.Sprintf("%08d unique prompt %d that shares nothing, long enough for several blocks of hashes", i*7919, i)
+	}
+
+	_, _, res := rig.route(t, snap, "m", unique(0), Critical)
+	assert.Equal(t, PathPrefixConsistent, res.Path, "a fresh worker assumes prompts are reused")
+	for i := 1; i < 1000; i++ {
+		name, _, res := rig.route(t, snap, "m", unique(i), Critical)
+		if i < 400 { // the share decays below minReuse after about 380
+			continue
+		}
+		require.Equal(t, PathPrefixUnshared, res.Path, "request %d, reuse share %.3f", i, rig.reuse(t))
+		want := scoring.Schedule(&Request{Model: "m", TargetModel: "m", Criticality: Critical}, snap)
+		require.Equal(t, want.Endpoint.ID.Name, name, "request %d goes where scoring sends it", i)
+		require.Equal(t, "pod-4", name)
+	}
+	assert.Less(t, rig.reuse(t), 0.01)
+
+	// A document sent again and again: reuse climbs back over minReuse and
+	// new prompts get the consistent choice again.
+	doc := longPrompt("a shared manual", 20)
+	for i := range 40 {
+		rig.route(t, snap, "m", doc+fmt.Sprintf("question %d?", i), Critical)
+	}
+	assert.Greater(t, rig.reuse(t), DefaultPrefixMinReuse)
+	_, _, res = rig.route(t, snap, "m", unique(5000), Critical)
+	assert.Equal(t, PathPrefixConsistent, res.Path)
+
+	// minReuse 0: always the consistent choice.
+	always := newPrefixRig(t, nil, `{"profile": "p", "plugins": [{"type": "prefix-affinity-filter", "name": "aff", "parameters": {"minReuse": 0}}],
+		"profiles": {"p": {"filters": ["aff"], "scorers": [{"scorer": "queue-scorer", "weight": 1}], "picker": "max-score-picker"}}}`)
+	for i := range 600 {
+		_, _, res := always.route(t, snap, "m", unique(i), Critical)
+		require.Equal(t, PathPrefixConsistent, res.Path, "request %d", i)
+	}
+}
+
+// reuse is the rig's prefix-affinity filter's reuse share.
+func (r *prefixRig) reuse(t testing.TB) float64 {
+	t.Helper()
+	for _, p := range r.s.ProfileFor(Critical).Filters {
+		if f, ok := p.(*PrefixAffinityFilter); ok {
+			return f.Reuse()
+		}
+	}
+	t.Fatal("no prefix-affinity filter")
+	return 0
+}
+
 func TestPrefixAwareNeedsNoPrefix(t *testing.T) {
 	// Without Request.Prefix the profile is the scoring profile.
 	snap := idle(3)
@@ -197,7 +259,7 @@ func TestPrefixAwareNeedsNoPrefix(t *testing.T) {
 	require.Equal(t, Routed, res.Outcome)
 	assert.Equal(t, "pod-1", res.Endpoint.ID.Name)
 	assert.Equal(t, PathPrefixNone, res.Path)
-	assert.Subset(t, s.Paths(), []string{PathPrefixAffinity, PathPrefixConsistent, PathPrefixSaturated, PathPrefixNone})
+	assert.Subset(t, s.Paths(), []string{PathPrefixAffinity, PathPrefixConsistent, PathPrefixSaturated, PathPrefixNone, PathPrefixUnshared})
 }
 
 func TestPrefixAffinityParameters(t *testing.T) {
@@ -210,6 +272,7 @@ func TestPrefixAffinityParameters(t *testing.T) {
 		`{"queueThreshold": -1}`:  "queueThreshold: must be >= 0",
 		`{"minCapacity": -1}`:     "minCapacity: must be >= 0",
 		`{"minMatchBlocks": -2}`:  "minMatchBlocks: must be >= 0",
+		`{"minReuse": 1.5}`:       "minReuse: must be in [0,1]",
 		`{"sticky": true}`:        `unknown field "sticky"`,
 	} {
 		_, err := New(Config{Plugins: []PluginSpec{{Type: TypePrefixAffinityFilter, Parameters: json.RawMessage(params)}}}, nil, seeded(1))

@@ -304,8 +304,9 @@ func newPrefixAffinityFromParams(name string, params json.RawMessage, _ Handle) 
 		ConsistentHashing bool    `json:"consistentHashing"`
 		BalanceFactor     float64 `json:"balanceFactor"`
 		MinCapacity       int     `json:"minCapacity"`
+		MinReuse          float64 `json:"minReuse"`
 	}{DefaultPrefixQueueThreshold, DefaultPrefixKVCacheThreshold, DefaultPrefixKeepRatio,
-		DefaultPrefixMinMatchBlocks, true, DefaultPrefixBalanceFactor, DefaultPrefixMinCapacity}
+		DefaultPrefixMinMatchBlocks, true, DefaultPrefixBalanceFactor, DefaultPrefixMinCapacity, DefaultPrefixMinReuse}
 	if err := DecodeParameters(params, &p); err != nil {
 		return nil, err
 	}
@@ -322,8 +323,10 @@ func newPrefixAffinityFromParams(name string, params json.RawMessage, _ Handle) 
 		return nil, fieldErr("balanceFactor", "must be a finite number > 1")
 	case p.MinCapacity < 0:
 		return nil, fieldErr("minCapacity", "must be >= 0")
+	case !(p.MinReuse >= 0 && p.MinReuse <= 1):
+		return nil, fieldErr("minReuse", "must be in [0,1]")
 	}
 	return &PrefixAffinityFilter{PluginName: name, QueueThreshold: p.QueueThreshold, KVCacheThreshold: p.KVCacheThreshold,
 		KeepRatio: p.KeepRatio, MinMatchBlocks: p.MinMatchBlocks, ConsistentHashing: p.ConsistentHashing,
-		BalanceFactor: p.BalanceFactor, MinCapacity: p.MinCapacity}, nil
+		BalanceFactor: p.BalanceFactor, MinCapacity: p.MinCapacity, MinReuse: p.MinReuse}, nil
 }
