@@ -36,6 +36,17 @@ func prefixHarness(t testing.TB, workers, n int, profile string) (*harness, *con
 // filter before the stream ends.
 func routeOn(t testing.TB, h *harness, cfg *config.Config, thread int, body []byte, response []byte) string {
 	t.Helper()
+	if response == nil {
+		return routeChunksOn(t, h, cfg, thread, body)
+	}
+	return routeChunksOn(t, h, cfg, thread, body, response)
+}
+
+// routeChunksOn is routeOn with a response body delivered in chunks, as
+// Envoy passes a streamed response: each chunk alone in the buffer, the
+// last one ending the stream.
+func routeChunksOn(t testing.TB, h *harness, cfg *config.Config, thread int, body []byte, chunks ...[]byte) string {
+	t.Helper()
 	vm, root, mode := h.host.listeners[0].plugin.contextFor(thread)
 	require.Equal(t, filterActive, mode)
 	req := NewHeaderMap(Pair{":authority", "gw"}, Pair{":path", "/v1/chat/completions"}, Pair{":method", "POST"},
@@ -49,8 +60,8 @@ func routeOn(t testing.TB, h *harness, cfg *config.Config, thread int, body []by
 	d.s.reqHeaders = nil
 	resp := NewHeaderMap(Pair{":status", "200"}, Pair{"content-type", "application/json"})
 	d.responseHeaders(resp)
-	if response != nil {
-		d.responseBody(response)
+	for i, c := range chunks {
+		d.responseChunk(c, i == len(chunks)-1)
 	}
 	d.finish(req, resp)
 	require.False(t, vm.Failed())
@@ -58,11 +69,11 @@ func routeOn(t testing.TB, h *harness, cfg *config.Config, thread int, body []by
 	return dest
 }
 
-// responseBody delivers a whole response body in one chunk.
-func (d *directStream) responseBody(body []byte) {
-	d.s.respBody = &body
-	d.s.endOfStream = true
-	d.call("proxy_on_response_body", uint64(len(body)), 1)
+// responseChunk delivers one chunk of the response body.
+func (d *directStream) responseChunk(chunk []byte, end bool) {
+	d.s.respBody = &chunk
+	d.s.endOfStream = end
+	d.call("proxy_on_response_body", uint64(len(chunk)), b2u(end))
 	d.s.respBody, d.s.endOfStream = nil, false
 }
 
