@@ -80,8 +80,10 @@
 //     at shutdown;
 //   - holding streams: proxy_set_effective_context (reset for every
 //     callback), continuing, closing or answering a paused stream from a
-//     tick (queued until the callback returns; continuing drops the header
-//     maps at once, while a buffered body stays readable), a client reset
+//     tick or from another stream's callback (queued until the callback
+//     returns; continuing drops the header maps at once, while a buffered
+//     body stays readable; a local reply sets the VM's stop flag, so it
+//     stops the calling stream too), a client reset
 //     while held (on_log, on_done, on_delete, then the id is gone),
 //     stream_idle_timeout (408 while the request is still coming, 504 once
 //     it is complete);

@@ -216,3 +216,75 @@ func TestHeldStreamIdleTimeout(t *testing.T) {
 		assert.Equal(t, http.StatusRequestTimeout, resp.StatusCode)
 	})
 }
+
+// A held stream can be released from another stream's request callback,
+// not only from the tick: set_effective_context looks the id up in the
+// VM's whole context table from any callback (cpp-host src/exports.cc
+// set_effective_context), and continueStream queues continueDecoding on
+// the VM's after-call actions (envoy context.cc Context::continueStream,
+// wasm()->addAfterVmCallAction), which run when the calling callback
+// returns (cpp-host src/context.cc DeferAfterCallActions). The caller acts
+// on its own stream again after setting the effective context back.
+func TestHeldStreamResumedFromAnotherStreamsCallback(t *testing.T) {
+	h := newHarness(t, holdGuestPkg, withWorkers(1)) // one VM: one context table
+	held := make(chan string, 1)
+	go func() {
+		resp, body, err := h.holdRequest(context.Background(), "POST", "/held", "A",
+			map[string]string{"X-Hold": "headers", "X-Release": "continue", "X-Hold-Dest": h.up.addr(), "X-Release-After": "1000000"})
+		if err != nil {
+			held <- err.Error()
+			return
+		}
+		held <- resp.Status + " " + body
+	}()
+	a := h.heldID()
+	resp, body, err := h.holdRequest(context.Background(), "POST", "/releaser", "B",
+		map[string]string{"X-Release-Held": "now", DefaultOriginalDstHeader: h.up.addr()})
+	require.NoError(t, err)
+	require.Equal(t, http.StatusOK, resp.StatusCode, body)
+	assert.Equal(t, "200 OK upstream saw /held body=A", <-held)
+	assert.Equal(t, []string{"continue", a, "0"}, h.holdLine("continue "+a))
+	own := h.holdLine("own_effective ")
+	assert.Equal(t, "0", own[2], "the caller's own context is in the table")
+	assert.Equal(t, []string{"own_replace", own[1], "0"}, h.holdLine("own_replace "+own[1]))
+	for _, r := range h.up.requests() {
+		switch r.Path {
+		case "/held":
+			assert.Equal(t, h.up.addr(), r.Header.Get(DefaultOriginalDstHeader), "set on the held stream through the effective context")
+			assert.Empty(t, r.Header.Get("X-Released-Others"))
+		case "/releaser":
+			assert.Equal(t, "1", r.Header.Get("X-Released-Others"), "the caller's header went on its own stream")
+		}
+	}
+	assert.Len(t, h.up.requests(), 2)
+}
+
+// A local reply sent to another stream from a request callback also stops
+// the calling stream: send_local_response sets the VM's stop-iteration
+// flag (cpp-host src/exports.cc send_local_response: stopNextIteration,
+// one flag per WasmBase), which the calling callback's own status meets
+// when it returns (cpp-host src/context.cc
+// convertVmCallResultToFilterHeadersStatus: StopAllIterationAndWatermark)
+// before the after-call actions reset it. So a release from a request
+// callback must only continue streams, never answer them.
+func TestLocalReplyToAnotherStreamStopsTheCaller(t *testing.T) {
+	h := newHarness(t, holdGuestPkg, withWorkers(1))
+	held := make(chan int, 1)
+	go func() {
+		resp, _, err := h.holdRequest(context.Background(), "GET", "/held", "",
+			map[string]string{"X-Hold": "headers", "X-Release": "reply", "X-Release-After": "1000000"})
+		if err != nil {
+			held <- -1
+			return
+		}
+		held <- resp.StatusCode
+	}()
+	h.heldID()
+	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	defer cancel()
+	_, _, err := h.holdRequest(ctx, "POST", "/releaser", "B",
+		map[string]string{"X-Release-Held": "now", DefaultOriginalDstHeader: h.up.addr()})
+	require.Error(t, err, "the caller answered Continue, but its status became a stop")
+	assert.Equal(t, http.StatusTooManyRequests, <-held, "the held stream got the reply")
+	assert.Empty(t, h.up.requests(), "the caller never went upstream")
+}

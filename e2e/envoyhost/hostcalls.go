@@ -254,8 +254,11 @@ func proxySendLocalResponse(vm *VM, responseCode, responseCodeDetailsPtr, respon
 		return ResultInvalidMemoryAccess
 	}
 	vm.context().sendLocalResponse(responseCode, body, decodePairs(pairs), grpcStatus, details)
-	// cpp-host ContextBase::sendLocalResponse: the callback's own status
-	// becomes a stop.
+	// cpp-host src/exports.cc send_local_response: stopNextIteration(true)
+	// on the VM (WasmBase), not on the stream: the status of the callback
+	// running now becomes a stop (src/context.cc
+	// convertVmCallResultTo*Status), also when the reply went to another
+	// stream through the effective context.
 	vm.stopNext = true
 	return ResultOK
 }

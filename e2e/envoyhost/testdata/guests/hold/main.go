@@ -16,6 +16,9 @@
 //	x-release: reply       the tick sends a local reply 429 "held", details held_too_long
 //	x-release: never       the stream stays held (the client or a timeout ends it)
 //	x-release-after: N     release at the Nth tick after the hold (default 1)
+//	x-release-held: now    this stream's on_request_headers releases every held
+//	                       stream (each as its x-release says), sets the effective
+//	                       context back to itself, then answers Continue for itself
 //
 // Each tick first calls proxy_set_effective_context for every stream that
 // already had on_done and logs the answer once ("effective_after_done"),
@@ -139,6 +142,15 @@ func onRequestHeaders(id, n, eos uint32) uint32 {
 		s.after = v
 	}
 	streams[id] = s
+	if header("x-release-held") == "now" {
+		for _, h := range held {
+			release(h, streams[h])
+		}
+		held = nil
+		logf("own_effective", itoa(id), itoa(proxySetEffectiveContext(id)))
+		logf("own_replace", itoa(id), itoa(replaceHeader("x-released-others", "1")))
+		return 0 // Continue
+	}
 	switch s.mode {
 	case "headers":
 		hold(id, s)
