@@ -18,8 +18,9 @@ import (
 )
 
 // Flow control in the real .wasm inside the host: held requests are
-// released from the router's tick with their destination set at release,
-// across worker VMs that agree on admissions through shared data.
+// released from the router's tick, or from the first request callback that
+// sees a new snapshot, with their destination set at release, across
+// worker VMs that agree on admissions through shared data.
 
 const flowRouterConfig = `{
   "seed": 5,
@@ -34,8 +35,9 @@ const flowRouterConfig = `{
 
 func workers(n int) stackOpt { return func(c *envoyhost.Config) { c.Workers = n } }
 
-// Pod states with and without room for non-critical requests (the
-// decision tree admits them while waiting <= 5 and KV <= 0.8).
+// Pod states with and without room for non-critical requests (flow
+// control's default room: nothing waiting, KV <= 0.9; one request per pod
+// and snapshot).
 var (
 	busyPod = podState{waiting: 50, kv: 0.95}
 	freePod = podState{kv: 0.1}
@@ -119,7 +121,11 @@ func TestFlowHeldRequestIsReleasedWithItsDestination(t *testing.T) {
 	assert.Zero(t, s.received(), "nothing reaches a pod while every pod is at capacity")
 	assert.Empty(t, plain)
 
-	s.setPods(freePod, busyPod)
+	// One room on pod-0 per snapshot: a fresh one until both went.
+	for s.stat("wasm_epp.flow.released") < 2 {
+		s.setPods(freePod, busyPod)
+		time.Sleep(2 * time.Millisecond)
+	}
 	for _, ch := range []<-chan reply{plain, split} {
 		r := <-ch
 		require.Equal(t, http.StatusOK, r.status, "%s", r.body)
@@ -173,7 +179,8 @@ func TestFlowExpiryAndBoundInHost(t *testing.T) {
 // Four worker VMs, each with its own queue, share one pod with room for
 // three: together they release three per snapshot, not three each.
 func TestFlowFourWorkersShareCapacity(t *testing.T) {
-	s := startStack(t, flowRouterConfig, 1, workers(4))
+	s := startStack(t, `{"seed": 5, "models": [{"name": "batch", "criticality": "Sheddable"}],
+	  "flowControl": {"releaseInterval": "5ms", "admit": {"maxWaiting": 5}}}`, 1, workers(4))
 	s.setPods(busyPod)
 	const n = 16
 	replies := make([]<-chan reply, n)
@@ -339,7 +346,7 @@ func TestFlowReleaseOrderInHost(t *testing.T) {
 		replies = append(replies, s.async(t.Context(), "/v1/completions", body, "x-tenant", a.tenant))
 		s.waitStat("wasm_epp.flow.enqueued", uint64(i+1)) // arrival order is queue order
 	}
-	oneSlot := podState{waiting: 5, kv: 0.1}
+	oneSlot := podState{kv: 0.1}
 	for round := 1; round <= len(arrivals); round++ {
 		s.setPods(oneSlot)
 		require.Eventually(t, func() bool { return s.received() >= round }, 20*time.Second, 2*time.Millisecond)
@@ -359,4 +366,55 @@ func TestFlowReleaseOrderInHost(t *testing.T) {
 	for _, ch := range replies {
 		assert.Equal(t, http.StatusOK, (<-ch).status)
 	}
+}
+
+// An HTTP/2 request with trailers is held in on_request_trailers (its last
+// body callback had no end of stream) and released from the tick like any
+// other: the destination set and the model rewritten at release, the
+// buffered body intact.
+func TestFlowHoldsFromTheTrailersCallback(t *testing.T) {
+	s := startStack(t, flowRouterConfig, 1, workers(1))
+	s.setPods(busyPod)
+	trailers := http.Header{"X-Checksum": {"abc"}}
+	done := make(chan reply, 1)
+	go func() {
+		done <- s.h2Post("/v1/completions", trailers, `{"model": "split", `, `"prompt": "held in trailers"}`)
+	}()
+	s.waitStat("wasm_epp.flow.queued.sheddable", 1)
+	time.Sleep(30 * time.Millisecond) // six ticks without room
+	assert.Zero(t, s.received())
+	s.setPods(freePod)
+	r := <-done
+	require.Equal(t, http.StatusOK, r.status, "%s", r.body)
+	got := s.pods[0].requests()
+	require.Len(t, got, 1)
+	assert.Equal(t, `{"model": "split-v2", "prompt": "held in trailers"}`, string(got[0].Body))
+	assert.Equal(t, s.pods[0].addr(), got[0].Header.Get(destHeader))
+	assert.Equal(t, uint64(1), s.stat("wasm_epp.flow.released"))
+	assert.Equal(t, uint64(1), s.stat("wasm_epp.requests.routed"))
+}
+
+// A new snapshot releases held requests in the first request callback that
+// sees it, before any tick: with the tick at a minute, a critical request
+// arriving after the snapshot lets the held one go, and both reach pods
+// with their own destinations.
+func TestFlowReleasesOnASnapshotSeenInARequestCallback(t *testing.T) {
+	s := startStack(t, `{"seed": 5, "models": [{"name": "base", "criticality": "Critical"}, {"name": "batch", "criticality": "Sheddable"}],
+	  "flowControl": {"releaseInterval": "10s"}}`, 2, workers(1))
+	s.setPods(busyPod, busyPod)
+	held := s.async(t.Context(), "/v1/chat/completions", chat("batch"))
+	s.waitStat("wasm_epp.flow.queued.sheddable", 1)
+	s.setPods(freePod, busyPod)
+	crit := s.post("/v1/chat/completions", chat("base"))
+	require.Equal(t, http.StatusOK, crit.status, "%s", crit.body)
+	r := <-held
+	require.Equal(t, http.StatusOK, r.status, "%s", r.body)
+	assert.Equal(t, "pod-0", r.pod, "the pod with room")
+	assert.Equal(t, uint64(1), s.stat("wasm_epp.flow.released"))
+	for _, p := range s.pods {
+		for _, rq := range p.requests() {
+			assert.Equal(t, p.addr(), rq.Header.Get(destHeader), "each stream kept its own destination")
+		}
+	}
+	assert.Equal(t, 2, s.received())
 }

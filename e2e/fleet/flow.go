@@ -8,22 +8,28 @@ import (
 	"github.com/wasm-epp/wasm-epp/scheduler/flowcontrol"
 )
 
-// Flow control in the simulation: each gateway VM holds the non-critical
-// requests its scheduler drops for lack of capacity in the plugin's own
-// queue (scheduler/flowcontrol), and releases them on a tick through the
-// plugin's Releaser, with the VMs agreeing on admissions through an
-// in-process shared store (flowcontrol.MemStore, shared data's rules). So a
-// simulated queue orders, bounds, expires and releases exactly as the
-// plugin's does; only the clock is virtual.
+// Flow control in the simulation: each gateway VM runs the plugin's own
+// flow control (scheduler/flowcontrol): its queue, its room test, its
+// Releaser, with the VMs agreeing on admissions through an in-process
+// shared store (flowcontrol.MemStore, shared data's rules). So a simulated
+// queue orders, bounds, expires and releases exactly as the plugin's does;
+// only the clock is virtual.
 //
 // What the plugin does per VM and the simulation copies:
 //   - an arriving Standard or Sheddable request goes straight to the queue
 //     when requests of its band or a higher one already wait there (it must
-//     not overtake them); otherwise it is scheduled, and queued if dropped;
+//     not overtake them); otherwise it is scheduled as admitted
+//     (scheduler.Request.Admitted) and goes if the endpoint the profile
+//     picks has room (flowcontrol.Room), else it is queued;
+//   - a Critical request is routed by the profile as without flow control;
 //   - a full queue refuses (429) as without flow control;
 //   - every ReleaseInterval the VM expires requests past their TTL (429)
-//     and releases what the scheduler now admits; a new snapshot (scrape)
-//     is acted on at the next tick;
+//     and releases what has room;
+//   - a new snapshot (scrape) is acted on by the first arrival at the VM
+//     after it (Releaser.ReleaseRouted: before the arrival's own decision
+//     when requests of its band or a higher one are held, after it
+//     otherwise, and not at all when the arrival itself is held), as the
+//     plugin does in its request callbacks, and by the next tick;
 //   - a released request's latencies count from its arrival, wait
 //     included.
 
@@ -54,8 +60,9 @@ func FlowLocalAdmission(flow PolicySpec) PolicySpec {
 	return s
 }
 
-// queueScheduler is implemented by policies whose decisions a queue can
-// release through: the scheduler's Schedule without Observe.
+// queueScheduler is implemented by policies whose decisions flow control
+// can act on: the scheduler's Schedule without Observe (flow control
+// counts what it sends itself).
 type queueScheduler interface {
 	scheduleQueued(req *scheduler.Request, snap *scheduler.Snapshot) scheduler.Result
 }
@@ -144,7 +151,10 @@ const (
 type flowGate struct {
 	queue    *flowcontrol.Queue[uint64] // flight ids
 	releaser flowcontrol.Releaser[uint64]
+	qs       queueScheduler
 	req      scheduler.Request
+	// releasedTag is the scrape this VM last released on.
+	releasedTag uint64
 }
 
 // flowState is every VM's flow control in one run.
@@ -173,7 +183,7 @@ func newFlowState(cfg flowcontrol.Config, local bool, policies []Policy, store *
 		if err != nil {
 			return nil, err
 		}
-		g := &flowGate{queue: q}
+		g := &flowGate{queue: q, qs: qs}
 		shared := fs.store
 		if local {
 			shared = &flowcontrol.MemStore{} // this VM's alone
@@ -181,10 +191,11 @@ func newFlowState(cfg flowcontrol.Config, local bool, policies []Policy, store *
 		g.releaser = flowcontrol.Releaser[uint64]{
 			Queue:     q,
 			Admission: flowcontrol.NewAdmission(shared, admittedKey),
-			Schedule: func(id uint64, snap *scheduler.Snapshot) scheduler.Result {
+			Room:      cfg.Admit,
+			Schedule: func(id uint64, snap *scheduler.Snapshot) (scheduler.Result, string) {
 				f := store.get(id)
-				g.req.Model, g.req.TargetModel, g.req.Criticality = f.req.Adapter, f.req.Adapter, f.crit
-				return qs.scheduleQueued(&g.req, snap)
+				g.req = scheduler.Request{Model: f.req.Adapter, TargetModel: f.req.Adapter, Criticality: f.crit, Admitted: true}
+				return qs.scheduleQueued(&g.req, snap), f.req.Adapter
 			},
 		}
 		fs.gates = append(fs.gates, g)
@@ -217,11 +228,48 @@ func (fs *flowState) hold(vm int, id uint64, f *flight, now time.Duration) bool 
 	return true
 }
 
-// waiting reports whether a request of criticality c arriving at VM vm
-// would overtake queued ones (Queue.Waiting).
-func (fs *flowState) waiting(vm int, c scheduler.Criticality) bool {
-	b, ok := flowcontrol.BandFor(c)
-	return ok && fs.gates[vm].queue.Waiting(b)
+// route decides a request arriving at VM vm with policy p, as the plugin
+// does with flow control on: the replica and scheduler.Routed, or
+// Dropped when it is to be held, or the outcome that refuses it.
+func (fs *flowState) route(vm int, req *scheduler.Request, p Policy, v *View, now time.Duration) (int, scheduler.Outcome) {
+	g := fs.gates[vm]
+	b, waits := flowcontrol.BandFor(req.Criticality)
+	if !waits {
+		i, o := p.Route(req, v)
+		fs.onSnapshot(vm, v, now)
+		return i, o
+	}
+	if g.queue.Waiting(b) {
+		// Held requests of its band or a higher one go first; it waits
+		// behind those that stay.
+		fs.onSnapshot(vm, v, now)
+		if g.queue.Waiting(b) {
+			return -1, scheduler.Dropped
+		}
+	}
+	req.Admitted = true
+	res := g.qs.scheduleQueued(req, v.Snapshot)
+	req.Admitted = false
+	switch {
+	case g.releaser.Room.Take(v.Snapshot, res, req.TargetModel):
+		fs.onSnapshot(vm, v, now) // only lower bands are held: after it
+		return res.Index, scheduler.Routed
+	case res.Outcome == scheduler.Routed || res.Outcome == scheduler.Dropped:
+		return -1, scheduler.Dropped // no room now: held (not released by its own arrival)
+	}
+	fs.onSnapshot(vm, v, now)
+	return -1, res.Outcome
+}
+
+// onSnapshot is the plugin's release from a request callback: the first
+// request a VM handles after a scrape releases what has room on it.
+func (fs *flowState) onSnapshot(vm int, v *View, now time.Duration) {
+	g := fs.gates[vm]
+	if g.releasedTag == fs.tag || g.queue.Len() == 0 {
+		return
+	}
+	g.releasedTag = fs.tag
+	g.releaser.ReleaseRouted(now, v.Snapshot, fs.tag)
 }
 
 // ClassOf is the index of a criticality in Result.Classes.
@@ -263,6 +311,7 @@ func (fs *flowState) tick(now time.Duration, views []*View, expired func(id uint
 			expired(e.Value)
 		})
 		if g.queue.Len() > 0 {
+			g.releasedTag = fs.tag
 			g.releaser.Release(now, views[k].Snapshot, fs.tag)
 		}
 	}

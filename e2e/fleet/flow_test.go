@@ -112,3 +112,21 @@ func TestBurstArrivals(t *testing.T) {
 		assert.Error(t, bad.validate(), "%+v", bad)
 	}
 }
+
+// Flow control sends a Standard or Sheddable request only where the
+// snapshot shows room (no waiting queue, KV cache below its limit, the
+// adapter's slot): none lands on a replica whose live queue is over the
+// decision tree's limit. (What that does to critical TTFT is the
+// benchmark's to measure, over many seeds: one short run of this small
+// fleet swings either way.)
+func TestFlowControlReleasesWhereThereIsRoom(t *testing.T) {
+	r, err := Run(overloadedRun(t, true, 1))
+	require.NoError(t, err)
+	require.Positive(t, r.Flow.Released)
+	assert.Zero(t, r.Flow.OverThreshold)
+	loose := overloadedRun(t, true, 1)
+	loose.Policy = FlowPolicySpec(mustPolicy(t, scheduler.ProfileDecisionTree), flowcontrol.Config{Admit: flowcontrol.Room{MaxWaiting: 50, MaxKVCacheUsage: 1}})
+	l, err := Run(loose)
+	require.NoError(t, err)
+	assert.Positive(t, l.Flow.OverThreshold, "the check must be able to fail: with a loose room test releases do join queues")
+}

@@ -586,10 +586,14 @@ func runOnce(cfg RunConfig, into *samples) (Result, error) {
 			}
 			f.policy = vm
 			views[vm].Request = &f.req
-			// With flow control, a request that would overtake queued ones
-			// joins them instead of being scheduled (as the plugin does).
-			i, outcome := -1, scheduler.Dropped
-			if flow == nil || !flow.waiting(vm, f.crit) {
+			var i int
+			var outcome scheduler.Outcome
+			if flow != nil {
+				i, outcome = flow.route(vm, &req, policies[vm], views[vm], at) // flow.go
+				if releaseErr != nil {
+					return res, releaseErr
+				}
+			} else {
 				i, outcome = policies[vm].Route(&req, views[vm])
 			}
 			switch outcome {

@@ -39,7 +39,11 @@ const (
 //	  "ttlHeader": "x-wasm-epp-queue-ttl-ms", // request header that may shorten it ("-": none)
 //	  "flowHeader": "",               // request header naming the flow ("": the target model)
 //	  "maxFlowKeyBytes": 128,         // longer header values share the anonymous flow
-//	  "releaseInterval": "20ms"       // how often queued requests are offered to the scheduler
+//	  "releaseInterval": "20ms",      // how often queued requests are offered to the scheduler
+//	  "admit": {                      // when an endpoint takes a Standard or Sheddable request (Room)
+//	    "maxWaiting": 0,              //   its waiting queue, with what this proxy sent since the snapshot
+//	    "maxKVCacheUsage": 0.9        //   its KV-cache usage
+//	  }
 //	}
 type Config struct {
 	MaxRequests     int
@@ -49,17 +53,28 @@ type Config struct {
 	FlowHeader      string
 	MaxFlowKeyBytes int
 	ReleaseInterval time.Duration
+	// Admit is when an endpoint takes a Standard or Sheddable request;
+	// the zero value means DefaultRoom (a zero MaxKVCacheUsage is never
+	// valid, so it marks an unset Room).
+	Admit Room
 }
 
 // configJSON is Config as written: durations are Go duration strings.
 type configJSON struct {
-	MaxRequests     int    `json:"maxRequests"`
-	MaxBytes        int64  `json:"maxBytes"`
-	TTL             string `json:"ttl"`
-	TTLHeader       string `json:"ttlHeader"`
-	FlowHeader      string `json:"flowHeader"`
-	MaxFlowKeyBytes int    `json:"maxFlowKeyBytes"`
-	ReleaseInterval string `json:"releaseInterval"`
+	MaxRequests     int       `json:"maxRequests"`
+	MaxBytes        int64     `json:"maxBytes"`
+	TTL             string    `json:"ttl"`
+	TTLHeader       string    `json:"ttlHeader"`
+	FlowHeader      string    `json:"flowHeader"`
+	MaxFlowKeyBytes int       `json:"maxFlowKeyBytes"`
+	ReleaseInterval string    `json:"releaseInterval"`
+	Admit           *roomJSON `json:"admit"`
+}
+
+// roomJSON is Room as written; absent fields take the defaults.
+type roomJSON struct {
+	MaxWaiting      *int     `json:"maxWaiting"`
+	MaxKVCacheUsage *float64 `json:"maxKVCacheUsage"`
 }
 
 // NoTTLHeader as Config.TTLHeader turns the TTL header off.
@@ -82,6 +97,18 @@ func DecodeConfig(data []byte) (Config, error) {
 	}
 	if c.ReleaseInterval, err = parseDuration("releaseInterval", j.ReleaseInterval); err != nil {
 		return Config{}, err
+	}
+	if a := j.Admit; a != nil {
+		c.Admit = DefaultRoom()
+		if a.MaxWaiting != nil {
+			c.Admit.MaxWaiting = *a.MaxWaiting
+		}
+		if a.MaxKVCacheUsage != nil {
+			c.Admit.MaxKVCacheUsage = *a.MaxKVCacheUsage
+			if *a.MaxKVCacheUsage == 0 {
+				return Config{}, fieldErr("admit.maxKVCacheUsage", "must be in (0, 1]")
+			}
+		}
 	}
 	c = c.WithDefaults()
 	return c, c.Validate()
@@ -122,6 +149,9 @@ func (c Config) WithDefaults() Config {
 	if c.ReleaseInterval == 0 {
 		c.ReleaseInterval = DefaultReleaseInterval
 	}
+	if c.Admit == (Room{}) {
+		c.Admit = DefaultRoom()
+	}
 	return c
 }
 
@@ -138,6 +168,9 @@ func (c Config) Validate() error {
 		return fieldErr("maxFlowKeyBytes", fmt.Sprintf("must be in [1, %d]", MaxMaxFlowKeyBytes))
 	case c.ReleaseInterval < MinReleaseInterval || c.ReleaseInterval > MaxReleaseInterval:
 		return fieldErr("releaseInterval", fmt.Sprintf("must be in [%s, %s]", MinReleaseInterval, MaxReleaseInterval))
+	}
+	if err := c.Admit.validate(); err != nil {
+		return err
 	}
 	if c.TTLHeader != NoTTLHeader {
 		if err := validHeaderName(c.TTLHeader); err != nil {

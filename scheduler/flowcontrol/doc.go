@@ -25,13 +25,18 @@
 //
 // # Release
 //
-// Release walks the bands in order and offers each flow's head request to
-// a dispatch function, which runs the scheduler exactly as for a request
-// that never waited and says whether it was dispatched, is still blocked,
-// or left otherwise. The caller counts what it dispatched since the
-// snapshot it schedules on (Admission), so one free slot is not filled
-// several times, and worker VMs that share one proxy's capacity agree on
-// those counts through shared data written with compare-and-swap.
+// With flow control on, flow control decides when a Standard or Sheddable
+// request goes and the profile decides where: the request is scheduled
+// with scheduler.Request.Admitted (the profile's shedding step no longer
+// refuses it), and it goes only if the endpoint the profile picks has
+// Room (no waiting queue, KV cache below its limit, its adapter's slot);
+// otherwise it is held. Room.Take decides a new request; Releaser offers
+// held ones, by band, then round-robin between flows, on each tick
+// (Release) and on each new snapshot (ReleaseRouted, which only routes).
+// The caller counts what it dispatched since the snapshot it schedules on
+// (Admission), so one free slot is not filled several times, and worker
+// VMs that share one proxy's capacity agree on those counts through
+// shared data written with compare-and-swap.
 //
 // # Cost
 //

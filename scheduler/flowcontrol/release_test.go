@@ -29,9 +29,11 @@ func newReleaser(t testing.TB, adm *Admission) (*Releaser[queued], *[]int, *[]sc
 	r := &Releaser[queued]{
 		Queue:     q,
 		Admission: adm,
-		Schedule: func(v queued, snap *scheduler.Snapshot) scheduler.Result {
+		Room:      DefaultRoom(),
+		Schedule: func(v queued, snap *scheduler.Snapshot) (scheduler.Result, string) {
 			req = v.req
-			return s.Schedule(&req, snap)
+			req.Admitted = true
+			return s.Schedule(&req, snap), req.Model
 		},
 		Done: func(e Entry[queued], res scheduler.Result, err error) {
 			if err != nil {
@@ -65,8 +67,9 @@ func TestReleaserCountsDispatches(t *testing.T) {
 	for name, adm := range map[string]*Admission{"local": nil, "shared": NewAdmission(&MemStore{}, admittedKey)} {
 		t.Run(name, func(t *testing.T) {
 			r, sent, left := newReleaser(t, adm)
+			r.Room.MaxWaiting = 2
 			fill(t, r.Queue, 10, scheduler.Standard)
-			snap := fleetSnapshot(2, scheduler.DefaultQueueThresholdCritical-1) // room for 2 each
+			snap := fleetSnapshot(2, 1) // room for 2 each
 			if n := r.Release(0, snap, 1); n != 4 || len(*sent) != 4 || len(*left) != 0 {
 				t.Fatalf("released %d (sent %v, left %v), want 4", n, *sent, *left)
 			}
@@ -94,6 +97,43 @@ func TestReleaserNoEndpointLeaves(t *testing.T) {
 	}
 	if s := r.Queue.Stats(); s.Left != 3 || r.Queue.Len() != 0 {
 		t.Fatalf("stats %+v", s)
+	}
+}
+
+// A released request goes only where the profile's choice has room: the
+// decision tree would shed these Standard requests (queues over 5), but
+// flow control admitted them, and they wait for an endpoint with room
+// rather than join a queue.
+func TestReleaserWaitsForRoom(t *testing.T) {
+	r, sent, left := newReleaser(t, nil)
+	fill(t, r.Queue, 3, scheduler.Standard)
+	snap := fleetSnapshot(2, 7)
+	if n := r.Release(0, snap, 1); n != 0 || r.Queue.Len() != 3 {
+		t.Fatalf("released %d into waiting queues", n)
+	}
+	snap.Endpoints[1].Metrics.WaitingQueueSize = 0
+	snap.Endpoints[1].Metrics.KVCacheUsage = 0.95 // over the limit
+	if n := r.Release(time.Millisecond, snap, 1); n != 0 {
+		t.Fatalf("released %d onto a full KV cache", n)
+	}
+	snap.Endpoints[1].Metrics.KVCacheUsage = 0.5
+	// Endpoint 1 has room for one (maxWaiting 0); the tree's critical
+	// route sends every request to the least queued, so one goes.
+	if n := r.Release(2*time.Millisecond, snap, 1); n != 1 || (*sent)[0] != 1 || len(*left) != 0 {
+		t.Fatalf("released %d (sent %v, left %v), want 1 to endpoint 1", n, *sent, *left)
+	}
+}
+
+// ReleaseRouted never refuses: a request without any endpoint stays for
+// the tick.
+func TestReleaseRoutedKeepsWhatItCannotRoute(t *testing.T) {
+	r, sent, left := newReleaser(t, nil)
+	fill(t, r.Queue, 2, scheduler.Standard)
+	if n := r.ReleaseRouted(0, &scheduler.Snapshot{}, 1); n != 0 || len(*sent)+len(*left) != 0 || r.Queue.Len() != 2 {
+		t.Fatalf("released %d, sent %v, left %v, queued %d", n, *sent, *left, r.Queue.Len())
+	}
+	if n := r.ReleaseRouted(time.Millisecond, fleetSnapshot(3, 0), 2); n != 2 || len(*sent) != 2 {
+		t.Fatalf("released %d, sent %v", n, *sent)
 	}
 }
 

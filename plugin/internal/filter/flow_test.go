@@ -23,12 +23,12 @@ const flowConfig = `{"seed": 3, "models": [
  ], "flowControl": {"maxRequests": 50, "flowHeader": "x-tenant", "maxFlowKeyBytes": 16}}`
 
 // busy and free are snapshots without and with room for non-critical
-// requests (the decision tree admits them while waiting <= 5 and KV <= 0.8).
+// requests (flow control's default room: nothing waiting, KV <= 0.9).
 var (
 	busy = []pod{{name: "p0", waiting: 50, kv: 0.95}, {name: "p1", addr: "10.0.0.2", waiting: 40, kv: 0.9}}
 	free = []pod{{name: "p0", waiting: 0, kv: 0.1}, {name: "p1", addr: "10.0.0.2", waiting: 0, kv: 0.1}}
 	// oneSlot has room for exactly one more non-critical request.
-	oneSlot = []pod{{name: "p0", waiting: 5, kv: 0.1}, {name: "p1", addr: "10.0.0.2", waiting: 40, kv: 0.9}}
+	oneSlot = []pod{{name: "p0", waiting: 0, kv: 0.1}, {name: "p1", addr: "10.0.0.2", waiting: 40, kv: 0.9}}
 )
 
 func (e *env) gauge(name string) uint64 {
@@ -85,7 +85,7 @@ func TestFlowHoldsThenReleasesOnNewSnapshot(t *testing.T) {
 	assert.Zero(t, e.gauge("wasm_epp.flow.queued.sheddable"))
 	assert.Zero(t, e.gauge("wasm_epp.flow.queued_bytes"))
 	assert.Equal(t, uint64(1), e.counter("wasm_epp.flow.released"))
-	assert.Equal(t, uint64(1), e.counter("wasm_epp.path.sheddable.capacity.low-queue.least-queue.least-kv"), "the releasing decision's path")
+	assert.Equal(t, uint64(1), e.counter("wasm_epp.path.sheddable.admitted.low-queue.least-queue.least-kv"), "the releasing decision's path")
 	_, err := e.host.GetHistogramMetric("wasm_epp.flow.wait_ms")
 	require.NoError(t, err, "wait-time histogram defined")
 	// Both streams end: each counts as routed, the held one like a request
@@ -134,8 +134,9 @@ func TestFlowReleaseOrder(t *testing.T) {
 	}, order)
 }
 
-// A request arriving while others of its band wait joins them, even when
-// capacity came back before the tick saw it.
+// A request arriving while others of its band wait joins them: the new
+// snapshot its callback sees releases the older one first, and the room
+// is then taken. A Standard request does not wait behind Sheddable ones.
 func TestFlowNoOvertaking(t *testing.T) {
 	e := newEnv(t, flowConfig)
 	e.setPods(busy...)
@@ -144,12 +145,79 @@ func TestFlowNoOvertaking(t *testing.T) {
 	e.setPods(oneSlot...)
 	second := e.post("/v1/chat/completions", nil, chat("shed2"))
 	e.requireHeld(second)
+	assert.Equal(t, "routed 10.0.0.1:8000", e.state(first.id), "released by the next request's callback, before it")
+	e.setPods(free...)
 	std := e.post("/v1/chat/completions", nil, chat("std"))
 	assert.Equal(t, types.ActionContinue, std.action, "a Standard request does not wait behind Sheddable ones")
-	e.setPods(oneSlot...)
+	assert.True(t, strings.HasPrefix(e.state(second.id), "routed"), "then the held Sheddable one: %s", e.state(second.id))
+	assert.NotEqual(t, std.dest(), e.state(second.id)[len("routed "):], "each took its own room")
+}
+
+// Room, not the decision tree's capacity test, decides a non-critical
+// request with flow control on: a queue of 3 is within the tree's limit
+// (5) but not flow control's (0), and a KV cache at 0.85 is over the
+// tree's (0.8) but within flow control's (0.9).
+func TestFlowRoomDecidesNewRequests(t *testing.T) {
+	e := newEnv(t, flowConfig)
+	e.setPods(pod{name: "p0", waiting: 3, kv: 0.1})
+	e.requireHeld(e.post("/v1/chat/completions", nil, chat("std")))
+	e.setPods(pod{name: "p0", waiting: 0, kv: 0.85})
+	e.host.Tick() // the held one takes the room
+	r := e.post("/v1/chat/completions", nil, chat("shed"))
+	e.requireHeld(r) // the room was counted
+	e.setPods(pod{name: "p0", waiting: 0, kv: 0.85}, pod{name: "p1", addr: "10.0.0.2", waiting: 0, kv: 0.5})
 	e.host.Tick()
-	assert.Equal(t, "routed 10.0.0.1:8000", e.state(first.id))
-	assert.Equal(t, "held", e.state(second.id))
+	assert.True(t, strings.HasPrefix(e.state(r.id), "routed"), e.state(r.id))
+	now := e.post("/v1/chat/completions", nil, chat("shed2"))
+	assert.Equal(t, types.ActionContinue, now.action, "room left and nothing held: it goes at once")
+	assert.Zero(t, e.counter("wasm_epp.requests.dropped"))
+}
+
+// A new snapshot is acted on by the first request callback that sees it,
+// not only by the tick: the held request is routed while a critical one
+// is, before any tick, and the critical one keeps its own destination.
+func TestFlowReleasesInARequestCallback(t *testing.T) {
+	e := newEnv(t, flowConfig)
+	e.setPods(busy...)
+	held := e.post("/v1/chat/completions", nil, chat("shed"))
+	e.requireHeld(held)
+	e.setPods(oneSlot...)
+	crit := e.post("/v1/chat/completions", nil, chat("crit"))
+	assert.Equal(t, types.ActionContinue, crit.action)
+	assert.Equal(t, "routed 10.0.0.1:8000", e.state(held.id), "released from the critical request's callback")
+	assert.NotEmpty(t, crit.dest(), "the critical request's own destination")
+	assert.Equal(t, uint64(1), e.counter("wasm_epp.flow.released"))
+}
+
+// A release in a request callback only routes: a held request that can no
+// longer be routed stays until the tick answers it (503), so no local
+// reply is sent to another stream from a request callback.
+func TestFlowCallbackReleaseNeverReplies(t *testing.T) {
+	e := newEnv(t, flowConfig)
+	e.setPods(busy...)
+	held := e.post("/v1/chat/completions", nil, chat("std"))
+	e.requireHeld(held)
+	e.setStored(storedBytes(t, e.clock.now)) // the fleet is gone
+	crit := e.post("/v1/chat/completions", nil, chat("crit"))
+	require.NotNil(t, crit.local)
+	assert.Equal(t, uint32(503), crit.local.StatusCode)
+	assert.Equal(t, "held", e.state(held.id), "not answered from another stream's callback")
+	e.host.Tick()
+	assert.Equal(t, "503", e.state(held.id))
+}
+
+// Corrupt admission records (another writer, a bug) are counted; the next
+// admission replaces them.
+func TestFlowCorruptAdmissionRecordCounted(t *testing.T) {
+	e := newEnv(t, flowConfig)
+	e.setPods(busy...)
+	r := e.post("/v1/chat/completions", nil, chat("shed"))
+	e.requireHeld(r)
+	setShared(t, e.cfg.AdmissionKey(), []byte("not a record"))
+	e.setPods(free...)
+	e.host.Tick()
+	assert.True(t, strings.HasPrefix(e.state(r.id), "routed"), e.state(r.id))
+	assert.Equal(t, uint64(1), e.counter("wasm_epp.flow.admission_corrupt"))
 }
 
 func TestFlowQueueBound(t *testing.T) {
@@ -367,4 +435,48 @@ func mustDecode(t *testing.T, s string) *config.Config {
 	c, err := config.Decode([]byte(s))
 	require.NoError(t, err)
 	return c
+}
+
+// A release in a request callback reads the held request's body without
+// touching the calling request's: both are rewritten from their own
+// bodies.
+func TestFlowCallbackReleaseKeepsTheCallersBody(t *testing.T) {
+	e := newEnv(t, flowConfig)
+	e.setPods(busy...)
+	a := e.post("/v1/completions", nil, `{"model":"split","prompt":"a"}`)
+	e.requireHeld(a)
+	e.setPods(free...)
+	b := e.post("/v1/completions", nil, `{"model":"split","prompt":"`+strings.Repeat("b", 40)+`"}`)
+	assert.Equal(t, types.ActionContinue, b.action)
+	assert.True(t, strings.HasPrefix(e.state(a.id), "routed"), e.state(a.id))
+	assert.Equal(t, `{"model":"split-v2","prompt":"a"}`, string(e.host.GetCurrentRequestBody(a.id)))
+	assert.Equal(t, `{"model":"split-v2","prompt":"`+strings.Repeat("b", 40)+`"}`, b.body)
+}
+
+// A held request released later is not the one the prefix tracker hashed
+// last: its release neither records another request's prompt under its
+// endpoint nor judges its response against another's prediction.
+func TestFlowReleaseUsesNoOtherPrefix(t *testing.T) {
+	e := newEnv(t, `{"models": [{"name": "chat", "criticality": "Critical"}, {"name": "batch", "criticality": "Sheddable"}],
+	  "scheduler": {"profile": "prefix-aware"}, "flowControl": {}}`)
+	e.setPods(busy...)
+	body := func(model, text string) string {
+		return `{"model":"` + model + `","messages":[{"role":"user","content":"` + strings.Repeat(text, 200) + `"}]}`
+	}
+	usage := `{"usage":{"prompt_tokens":600,"prompt_tokens_details":{"cached_tokens":0}}}`
+	held := e.post("/v1/chat/completions", nil, body("batch", "held prompt "))
+	e.requireHeld(held)
+	crit := e.post("/v1/chat/completions", nil, body("chat", "critical prompt "))
+	require.NotEmpty(t, crit.dest())
+	e.respond(crit, usage)
+	e.host.Tick() // the first tick publishes
+	judged := e.counter("wasm_epp.prefix.responses.judged")
+	require.Equal(t, uint64(1), judged, "the critical response is judged")
+	e.setPods(free...)
+	e.host.Tick()
+	require.True(t, strings.HasPrefix(e.state(held.id), "routed"), e.state(held.id))
+	e.respond(result{id: held.id}, usage)
+	time.Sleep(60 * time.Millisecond) // the prefix counters are published every 50 ms (syncInterval)
+	e.host.Tick()
+	assert.Equal(t, judged, e.counter("wasm_epp.prefix.responses.judged"), "the released request was judged on the critical one's prediction")
 }

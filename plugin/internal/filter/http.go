@@ -152,7 +152,9 @@ func (c *httpContext) OnHttpStreamDone() {
 	if c.scanUsage {
 		c.r.prefix.ResponseDone(&c.prefix, c.r.clock.Now())
 	}
-	c.abandon()
+	if g := c.r.flow; g != nil {
+		g.abandon(c)
+	}
 	c.r.recycle(c)
 }
 
@@ -255,13 +257,12 @@ func (c *httpContext) onRequestBody(bodySize int, endOfStream bool) types.Action
 func (c *httpContext) route(p *Parsed, m *model, body []byte, targetModel string) types.Action {
 	r := c.r
 	snap := r.snapshot()
+	g := r.flow
+	if g != nil && p != nil && m.crit != scheduler.Critical {
+		return g.route(c, p, m, body, targetModel, snap) // flow control decides when (flow.go)
+	}
 	var req *scheduler.Request
 	if p != nil {
-		if g := r.flow; g != nil && g.mustWait(m.crit) {
-			// Requests of its band or a higher one are held: scheduling
-			// this one now would let it overtake them.
-			return c.hold(p, m, targetModel, len(body))
-		}
 		req = &r.req
 		req.Model, req.TargetModel, req.Criticality, req.Prefix = p.Model, targetModel, m.crit, nil
 		if r.prefix != nil {
@@ -272,23 +273,38 @@ func (c *httpContext) route(p *Parsed, m *model, body []byte, targetModel string
 	if r.debugEnabled() {
 		c.logDecision(p, req, &d)
 	}
+	var a types.Action
 	switch d.outcome {
 	case outDropped:
-		if r.flow != nil && p != nil {
-			return c.hold(p, m, targetModel, len(body))
-		}
-		return c.refuseDropped("")
+		a = c.refuseDropped("")
 	case outNoEndpoint:
-		return c.refuse(outNoEndpoint, "", noEndpointMessage(d.res))
+		a = c.refuse(outNoEndpoint, "", noEndpointMessage(d.res))
+	default:
+		a = c.send(p, targetModel, body, snap, d)
 	}
-	return c.send(p, targetModel, body, snap, d)
+	if g != nil {
+		g.onSnapshot(snap, c) // held requests go after this one, which never waits
+	}
+	return a
 }
 
 // send routes a decided request (d Routed or FailedOpen): rewrites the
 // model when the target differs, sets the destination header and counts
 // the outcome. Continue lets it go upstream; a held request is continued
-// by its release (flow.go).
+// by its release (flow.go, which calls forward).
 func (c *httpContext) send(p *Parsed, targetModel string, body []byte, snap *scheduler.Snapshot, d decision) types.Action {
+	if err := c.forward(p, targetModel, body, snap, d, true); err != nil {
+		return c.failInternal("cannot route the request", err)
+	}
+	return types.ActionContinue
+}
+
+// forward is send without the reply: it rewrites the body, sets the
+// destination and counts the request as forwarded, or says why it could
+// not (nothing counted). prepared: the request is the one the prefix
+// tracker hashed last (a new request; a held one released later is not,
+// and its prefix is neither recorded nor checked).
+func (c *httpContext) forward(p *Parsed, targetModel string, body []byte, snap *scheduler.Snapshot, d decision, prepared bool) error {
 	r := c.r
 	if p != nil && targetModel != p.Model {
 		if !r.mayRewrite {
@@ -297,16 +313,16 @@ func (c *httpContext) send(p *Parsed, targetModel string, body []byte, snap *sch
 			_ = proxywasm.RemoveHttpRequestHeader("content-length")
 		}
 		if err := proxywasm.ReplaceHttpRequestBody(spliceModel(body, p, targetModel)); err != nil {
-			return c.failInternal("cannot rewrite the request body", err)
+			return fmt.Errorf("rewriting the body: %w", err)
 		}
 	}
 	if err := proxywasm.ReplaceHttpRequestHeader(r.cfg.DestinationHeader, r.destinationOf(snap, d.res.Index)); err != nil {
-		return c.failInternal("cannot set the destination header", err)
+		return fmt.Errorf("setting the destination header: %w", err)
 	}
 	if r.cfg.ServedByHeader != "" {
 		c.servedBy = d.res.Endpoint.ID.String()
 	}
-	if p != nil && r.prefix != nil {
+	if p != nil && r.prefix != nil && prepared {
 		// Only a request that goes upstream is recorded: a refused one
 		// (above) writes nothing to the index.
 		r.prefix.Routed(d.res.Index, r.clock.Now(), &c.prefix)
@@ -314,7 +330,7 @@ func (c *httpContext) send(p *Parsed, targetModel string, body []byte, snap *sch
 	}
 	c.finished = true
 	c.forwarded, c.pending = d.outcome, true
-	return types.ActionContinue
+	return nil
 }
 
 func noEndpointMessage(res scheduler.Result) string {

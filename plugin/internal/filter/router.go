@@ -298,7 +298,7 @@ func (r *Router) OnTick() {
 		r.prefix.Tick()
 	}
 	if r.flow != nil && r.flowTick.due(now, r.flow.cfg.ReleaseInterval, tick) {
-		r.releaseHeld()
+		r.flow.tick()
 	}
 }
 
@@ -378,9 +378,15 @@ const (
 // readBody reads the buffered request body into bodyBuf (growing it up to
 // maxKeptBody). The result is valid until the next request's body is read.
 func (r *Router) readBody(size int) ([]byte, error) {
-	body, err := proxywasm.GetHttpRequestBodyInto(r.bodyBuf[:0], 0, size)
-	if cap(body) > cap(r.bodyBuf) && cap(body) <= maxKeptBody {
-		r.bodyBuf = body[:0]
+	return readBodyInto(&r.bodyBuf, size)
+}
+
+// readBodyInto reads the current stream's request body into *buf, keeping
+// the grown buffer for the next read (up to maxKeptBody).
+func readBodyInto(buf *[]byte, size int) ([]byte, error) {
+	body, err := proxywasm.GetHttpRequestBodyInto((*buf)[:0], 0, size)
+	if cap(body) > cap(*buf) && cap(body) <= maxKeptBody {
+		*buf = body[:0]
 	}
 	return body, err
 }
