@@ -130,3 +130,17 @@ func TestFlowControlReleasesWhereThereIsRoom(t *testing.T) {
 	require.NoError(t, err)
 	assert.Positive(t, l.Flow.OverThreshold, "the check must be able to fail: with a loose room test releases do join queues")
 }
+
+// Cooldown arrivals load the fleet after the window but are not measured:
+// the measured requests are the same with or without it.
+func TestCooldownArrivalsAreNotMeasured(t *testing.T) {
+	cfg := overloadedRun(t, true, 1)
+	a, err := Run(cfg)
+	require.NoError(t, err)
+	cfg.Cooldown = 5 * time.Second
+	b, err := Run(cfg)
+	require.NoError(t, err)
+	assert.Equal(t, a.Measured, b.Measured)
+	assert.Greater(t, b.Arrivals, a.Arrivals)
+	assert.Equal(t, b.Measured, b.Completed+b.Dropped+b.NoEndpoint)
+}

@@ -56,6 +56,12 @@ type RunConfig struct {
 	// RecordOutcomes keeps every arrival's outcome in Result.Outcomes, to
 	// compare two policies request by request (same seed, same arrivals).
 	RecordOutcomes bool
+	// Cooldown keeps arrivals coming, unmeasured, for this long after the
+	// window, so the requests measured at its end meet the same load until
+	// they leave: without it, requests a flow-control queue holds when
+	// arrivals stop are released into an emptying fleet, and a queue looks
+	// better than it is by up to a TTL's worth of arrivals.
+	Cooldown time.Duration
 
 	// capacity marks MeasureCapacity's run: it stops when arrivals stop,
 	// without draining.
@@ -138,6 +144,19 @@ type Result struct {
 	// Outcomes, with RunConfig.RecordOutcomes, is each arrival's outcome
 	// in arrival order (seeds one after the other).
 	Outcomes []ArrivalOutcome
+	// PerSeed is each seed's own figures (RunSeeds), to tell a pooled
+	// result from the spread between seeds.
+	PerSeed []SeedResult
+}
+
+// SeedResult is one seed's part of a pooled Result.
+type SeedResult struct {
+	Seed uint64
+	// Classes are the seed's own counts and TTFT percentiles.
+	Classes       [3]ClassResult
+	ThroughputRPS float64
+	// Outcomes are the seed's arrivals in Result.Outcomes.
+	Outcomes []ArrivalOutcome
 }
 
 // PerMinute turns a count of r (summed over its seeds) into a rate per
@@ -203,13 +222,23 @@ func RunSeeds(cfg RunConfig, n int) (Result, error) {
 	}
 	var all samples
 	var pooled Result
+	var perSeed []SeedResult
 	for k := range n {
 		c := cfg
 		c.Seed = cfg.Seed + uint64(k)
+		var before [3]int
+		for i := range before {
+			before[i] = len(all.classTTFT[i])
+		}
 		r, err := runOnce(c, &all)
 		if err != nil {
 			return r, err
 		}
+		sr := SeedResult{Seed: c.Seed, Classes: r.Classes, ThroughputRPS: r.ThroughputRPS, Outcomes: r.Outcomes}
+		for i := range sr.Classes {
+			sr.Classes[i].TTFT = summarize(all.classTTFT[i][before[i]:])
+		}
+		perSeed = append(perSeed, sr)
 		if k == 0 {
 			pooled = r
 			continue
@@ -236,6 +265,7 @@ func RunSeeds(cfg RunConfig, n int) (Result, error) {
 		pooled.pool(&r)
 	}
 	pooled.Seeds = n
+	pooled.PerSeed = perSeed
 	pooled.ThroughputRPS /= float64(n)
 	pooled.OutputTokPS /= float64(n)
 	pooled.MeanActiveAdapters /= float64(n)
@@ -373,7 +403,8 @@ func runOnce(cfg RunConfig, into *samples) (Result, error) {
 		Scenario: sc.Name, Policy: cfg.Policy.Name, Load: cfg.Load, Rate: cfg.Rate,
 		Window: cfg.Window, Routed: make([]int, sc.Replicas),
 	}
-	winStart, arrivalsEnd := cfg.Warmup, cfg.Warmup+cfg.Window
+	winStart, winEnd := cfg.Warmup, cfg.Warmup+cfg.Window
+	arrivalsEnd := winEnd + max(cfg.Cooldown, 0)
 	maxDrain := cfg.MaxDrain
 	if maxDrain <= 0 {
 		maxDrain = 10 * arrivalsEnd
@@ -425,7 +456,7 @@ func runOnce(cfg RunConfig, into *samples) (Result, error) {
 			if f.turn != nil {
 				f.turn.ended(r.CompletedAt, true)
 			}
-			if r.CompletedAt >= winStart && r.CompletedAt < arrivalsEnd {
+			if r.CompletedAt >= winStart && r.CompletedAt < winEnd {
 				res.ThroughputRPS++
 			}
 			if !f.measured {
@@ -536,7 +567,7 @@ func runOnce(cfg RunConfig, into *samples) (Result, error) {
 		if !started && at >= winStart {
 			atStart, started = counters(), true
 		}
-		if !ended && at >= arrivalsEnd {
+		if !ended && at >= winEnd {
 			atEnd, ended = counters(), true
 		}
 		now = at
@@ -567,7 +598,7 @@ func runOnce(cfg RunConfig, into *samples) (Result, error) {
 			f.req = vllmsim.Request{ID: id, Adapter: next.adapter, PromptTokens: next.promptTokens, OutputTokens: next.outputTokens,
 				Prompt: next.prompt, OutputSeed: next.outputSeed}
 			f.turn = next.turn
-			f.measured = at >= winStart
+			f.measured = at >= winStart && at < winEnd
 			f.crit = sc.Criticality.pick(critRand.Float64())
 			res.Arrivals++
 			if cfg.RecordOutcomes {
