@@ -41,7 +41,7 @@ func TestFlowControlHoldsSheddableUntilCapacityReturns(t *testing.T) {
 	before := served()
 
 	// Critical load: 2 replicas × 2 sequences, the rest waits in vLLM's
-	// queue, far over the decision tree's capacity limit (5 waiting). A
+	// queue, far over flow control's room (nothing waiting). A
 	// pump keeps flood requests in flight until told to stop, so the
 	// replicas stay saturated however slowly this machine runs; new ones
 	// start a scrape apart, as in the overload test (herding).
@@ -105,9 +105,18 @@ func TestFlowControlHoldsSheddableUntilCapacityReturns(t *testing.T) {
 			answers <- answer{r, time.Since(sentAt)}
 		})
 	}
-	// They wait: queued in the gateway, none answered yet.
-	poll(t, func() bool { return stat(t, s, pluginStat("flow.enqueued")) >= shed }, "sheddable requests were not queued")
-	assert.Empty(t, answers, "a sheddable request was answered while every replica was over capacity")
+	// They wait: each is queued in the gateway, or (when a starved machine
+	// let the pump fall behind and a replica showed room) routed at once;
+	// none is refused. The pump runs on meanwhile, so on any machine most
+	// arrive while every replica is saturated.
+	var queued uint64
+	poll(t, func() bool {
+		queued = stat(t, s, pluginStat("flow.enqueued"))
+		return queued+uint64(len(answers)) >= shed
+	}, "sheddable requests were neither queued nor answered")
+	t.Logf("%d of %d sheddable requests queued, %d routed at once", queued, shed, len(answers))
+	require.Positive(t, queued, "no sheddable request met the saturated replicas")
+	assert.Equal(t, uint64(shed), queued+uint64(len(answers)))
 
 	close(stop) // the load drains, capacity returns, the queue is released
 	floodSent := <-pumped
@@ -134,7 +143,7 @@ func TestFlowControlHoldsSheddableUntilCapacityReturns(t *testing.T) {
 	}
 	t.Logf("sheddable requests answered after %v", waits)
 	assert.Equal(t, shed, n)
-	assert.Equal(t, uint64(shed), stat(t, s, pluginStat("flow.released")))
+	assert.Equal(t, queued, stat(t, s, pluginStat("flow.released")), "every queued request was released")
 	assert.Zero(t, stat(t, s, pluginStat("flow.expired")))
 	assert.Zero(t, stat(t, s, pluginStat("requests.dropped")), "nothing refused")
 	// None lost, none sent twice: the replicas served exactly what was sent.
