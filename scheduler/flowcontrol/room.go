@@ -102,6 +102,7 @@ func (t Room) Take(snap *scheduler.Snapshot, res scheduler.Result, target string
 	}
 	if res.Outcome == scheduler.Routed {
 		snap.Endpoints[res.Index].Metrics.WaitingQueueSize++
+		snap.MetricsChanged(res.Index)
 	}
 	return true
 }

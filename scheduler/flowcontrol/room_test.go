@@ -2,6 +2,7 @@ package flowcontrol
 
 import (
 	"math"
+	"math/rand/v2"
 	"testing"
 
 	"github.com/wasm-epp/wasm-epp/scheduler"
@@ -62,5 +63,30 @@ func TestRoomTake(t *testing.T) {
 	}
 	if w := snap.Endpoints[0].Metrics.WaitingQueueSize; w != 1 {
 		t.Fatalf("waiting %d after refusals and fail-open, want 1", w)
+	}
+}
+
+// A large snapshot is decided on the scheduler's index: Take tells it the
+// endpoint it counted changed, so the next request goes to the other
+// endpoint with room, not to the one just taken.
+func TestRoomTakeUpdatesTheIndex(t *testing.T) {
+	s, err := scheduler.New(scheduler.Config{}, nil, scheduler.Options{Rand: rand.NewPCG(1, 2)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	snap := fleetSnapshot(200, 3) // no room (waiting 3) but on two endpoints
+	snap.Endpoints[7].Metrics.WaitingQueueSize = 0
+	snap.Endpoints[150].Metrics.WaitingQueueSize = 0
+	room := DefaultRoom()
+	var got []int
+	for range 3 {
+		req := scheduler.Request{Model: "m", TargetModel: "m", Criticality: scheduler.Standard, Admitted: true}
+		res := s.Schedule(&req, snap)
+		if room.Take(snap, res, "m") {
+			got = append(got, res.Index)
+		}
+	}
+	if len(got) != 2 || got[0] == got[1] {
+		t.Fatalf("taken %v, want endpoints 7 and 150 once each", got)
 	}
 }
