@@ -31,8 +31,9 @@ import "math/bits"
 // A request without token ids (Request.Prompt nil) shares no block with any
 // other, so only its own resumption after a preemption can hit its cached
 // blocks. Such blocks are tagged with the request's salt and block index
-// instead of going through the hash index: the same hits and the same free
-// queue, without the index traffic (the fleet benchmark's ShareGPT
+// instead of going through the hash index, and only when the request frees
+// them (until then nobody can look for them): the same hits and the same
+// free queue, without the index traffic (the fleet benchmark's ShareGPT
 // scenarios run at 1.2× the CPU of the model without caching instead of
 // 3.5×, BENCHMARKS.md).
 type blockPool struct {
@@ -157,7 +158,7 @@ func (p *blockPool) evict(b int32) {
 		p.hashed--
 		return
 	}
-	if first := p.byHash.removeIf(blk.hash, b, blk.sameHash); first != b {
+	if first := p.byHash.removeIf(blk.hash, b, blk.sameHash, p.blocks); first != b {
 		for c := first; ; c = p.blocks[c].sameHash {
 			if p.blocks[c].sameHash == b {
 				p.blocks[c].sameHash = blk.sameHash
@@ -179,7 +180,7 @@ func (p *blockPool) cache(b int32, h uint64) {
 	}
 	blk.hash, blk.hasHash, blk.sameHash = h, true, noBlock
 	p.hashed++
-	first := p.byHash.getOrSet(h, b)
+	first := p.byHash.getOrSet(h, b, p.blocks)
 	if first == b {
 		return
 	}
@@ -190,15 +191,11 @@ func (p *blockPool) cache(b int32, h uint64) {
 	p.blocks[c].sameHash = b
 }
 
-// cacheVirtual tags in-use block b as block index of the request with
-// salt.
-func (p *blockPool) cacheVirtual(b int32, salt uint64, index int) {
+// tagVirtual tags block b, about to be freed, as block index of the
+// request with salt. The caller counted it in hashed when it became full.
+func (p *blockPool) tagVirtual(b int32, salt uint64, index int) {
 	blk := &p.blocks[b]
-	if !p.caching || blk.hasHash {
-		return
-	}
 	blk.hash, blk.hasHash, blk.virtual, blk.virtIndex = salt, true, true, int32(index)
-	p.hashed++
 }
 
 // virtualHits is how many leading blocks of a preempted request's former
@@ -236,15 +233,16 @@ func (p *blockPool) release(table []int32) {
 // hashIndex maps a block hash to a block id: open addressing with linear
 // probing over a power-of-two table at most half full (the pool's blocks
 // bound its entries), and backward-shift deletion, so the constant insert
-// and evict churn of the cache leaves no tombstones. Keys are never 0
-// (hashBlock sets bit 0), so an empty slot is a 0 key and a probe reads only
-// the key array until it hits. Block hashes are already uniform, so their
-// low bits index the table. It replaced a Go map whose probe sequences grew
-// under that churn (BENCHMARKS.md has the figures).
+// and evict churn of the cache leaves no tombstones. A slot is one word:
+// the hash's high 32 bits (which also pick its home slot) and the block id
+// plus one, so an empty slot is 0 and a probe reads one cache line; a slot
+// whose high bits match is confirmed against the full hash in the block
+// array, so two hashes that share their high bits never mix. It replaced a
+// Go map whose probe sequences grew under that churn, then a key array and
+// a block array probed one after the other (BENCHMARKS.md has the figures).
 type hashIndex struct {
-	keys   []uint64
-	blocks []int32
-	mask   uint64
+	slots []uint64
+	mask  uint64
 }
 
 func newHashIndex(maxEntries int) hashIndex {
@@ -252,49 +250,58 @@ func newHashIndex(maxEntries int) hashIndex {
 	for size < 2*maxEntries {
 		size *= 2
 	}
-	return hashIndex{keys: make([]uint64, size), blocks: make([]int32, size), mask: uint64(size - 1)}
+	return hashIndex{slots: make([]uint64, size), mask: uint64(size - 1)}
 }
 
-// slot is key's slot, or the empty slot where it would go.
-func (h *hashIndex) slot(key uint64) uint64 {
-	i := key & h.mask
-	for h.keys[i] != 0 && h.keys[i] != key {
+func indexSlot(key uint64, b int32) uint64 { return key&^(1<<32-1) | uint64(uint32(b+1)) }
+
+func slotBlock(s uint64) int32 { return int32(uint32(s)) - 1 }
+
+// find returns key's slot, or the empty slot where it would go.
+func (h *hashIndex) find(key uint64, blocks []kvBlock) uint64 {
+	tag := key >> 32
+	i := tag & h.mask
+	for {
+		s := h.slots[i]
+		if s == 0 || s>>32 == tag && blocks[slotBlock(s)].hash == key {
+			return i
+		}
 		i = (i + 1) & h.mask
 	}
-	return i
 }
 
 // get returns the block of key, or noBlock.
-func (h *hashIndex) get(key uint64) int32 {
-	if i := h.slot(key); h.keys[i] != 0 {
-		return h.blocks[i]
+func (h *hashIndex) get(key uint64, blocks []kvBlock) int32 {
+	if s := h.slots[h.find(key, blocks)]; s != 0 {
+		return slotBlock(s)
 	}
 	return noBlock
 }
 
 // getOrSet returns key's block, first setting it to block if key is
-// absent.
-func (h *hashIndex) getOrSet(key uint64, block int32) int32 {
-	i := h.slot(key)
-	if h.keys[i] == 0 {
-		h.keys[i], h.blocks[i] = key, block
+// absent. blocks[block].hash must already be key.
+func (h *hashIndex) getOrSet(key uint64, block int32, blocks []kvBlock) int32 {
+	i := h.find(key, blocks)
+	if h.slots[i] == 0 {
+		h.slots[i] = indexSlot(key, block)
+		return block
 	}
-	return h.blocks[i]
+	return slotBlock(h.slots[i])
 }
 
 // removeIf returns key's block; if it is block, key now maps to next, or
 // is removed when next is noBlock.
-func (h *hashIndex) removeIf(key uint64, block, next int32) int32 {
-	i := h.slot(key)
-	if h.keys[i] == 0 {
+func (h *hashIndex) removeIf(key uint64, block, next int32, blocks []kvBlock) int32 {
+	i := h.find(key, blocks)
+	if h.slots[i] == 0 {
 		return noBlock
 	}
-	found := h.blocks[i]
+	found := slotBlock(h.slots[i])
 	if found != block {
 		return found
 	}
 	if next != noBlock {
-		h.blocks[i] = next
+		h.slots[i] = indexSlot(key, next)
 		return found
 	}
 	h.remove(i)
@@ -303,16 +310,16 @@ func (h *hashIndex) removeIf(key uint64, block, next int32) int32 {
 
 // remove empties slot i, shifting back the entries of its probe run.
 func (h *hashIndex) remove(i uint64) {
-	for j := (i + 1) & h.mask; h.keys[j] != 0; j = (j + 1) & h.mask {
+	for j := (i + 1) & h.mask; h.slots[j] != 0; j = (j + 1) & h.mask {
 		// Move the entry at j back to the hole at i unless its home slot
 		// lies cyclically in (i, j].
-		home := h.keys[j] & h.mask
+		home := h.slots[j] >> 32 & h.mask
 		if (j-home)&h.mask >= (j-i)&h.mask {
-			h.keys[i], h.blocks[i] = h.keys[j], h.blocks[j]
+			h.slots[i] = h.slots[j]
 			i = j
 		}
 	}
-	h.keys[i] = 0
+	h.slots[i] = 0
 }
 
 // slicePool keeps the block tables and hash lists of finished requests for

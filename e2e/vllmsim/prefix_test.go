@@ -52,9 +52,19 @@ func checkPool(t *testing.T, r *Replica) {
 		for _, b := range s.table {
 			refs[b]++
 		}
-		require.Equal(t, r.blocksFor(s.computed+s.sched), len(s.table), "a running request holds the blocks of its computed and scheduled tokens")
+		require.Equal(t, r.blocksFor(int(s.computed+s.sched)), len(s.table), "a running request holds the blocks of its computed and scheduled tokens")
+		require.Equal(t, len(s.table)*r.blockTokens, int(s.tableTokens))
 	}
 	hashed := 0
+	for _, s := range r.running {
+		if s.salt != 0 {
+			// Counted as cached when full, tagged when freed.
+			for i, b := range s.table[:s.cachedBlocks] {
+				require.Equal(t, i < s.taggedBlocks, p.blocks[b].hasHash, "block %d of a running request without token ids", i)
+			}
+			hashed += s.cachedBlocks - s.taggedBlocks
+		}
+	}
 	for b := range p.blocks {
 		blk := &p.blocks[b]
 		require.Equal(t, refs[b], blk.ref, "block %d", b)
@@ -64,7 +74,7 @@ func checkPool(t *testing.T, r *Replica) {
 		}
 		if blk.hasHash && !blk.virtual {
 			found := false
-			for c := p.byHash.get(blk.hash); c != noBlock; c = p.blocks[c].sameHash {
+			for c := p.byHash.get(blk.hash, p.blocks); c != noBlock; c = p.blocks[c].sameHash {
 				found = found || c == int32(b)
 			}
 			require.True(t, found, "hashed block %d is reachable from the cache", b)
@@ -290,7 +300,8 @@ func TestPromptLengthMustMatchTheTokenIDs(t *testing.T) {
 }
 
 // TestPrefixCacheProperties drives replicas with random workloads drawn
-// from a small pool of shared prefixes, under KV pressure, and checks at
+// from a small pool of shared prefixes (and some prompts without token
+// ids), under KV pressure, and checks at
 // every step: cached tokens within the prompt, hits plus prefilled tokens
 // equal to the queried tokens while nothing was preempted, and blocks in use
 // within the capacity (with every pool invariant).
@@ -323,6 +334,9 @@ func TestPrefixCacheProperties(t *testing.T) {
 			}
 			q.Adapter = []string{"", "", "x", "y", "z"}[rng.IntN(5)]
 			q.OutputSeed = uint64(rng.IntN(3))
+			if rng.IntN(8) == 0 {
+				q.Prompt = nil // tagged blocks among hashed ones
+			}
 			now += time.Duration(rng.ExpFloat64() * float64(20*time.Millisecond))
 			require.NoError(t, r.Submit(q, now))
 			reqs = append(reqs, q)
@@ -363,30 +377,49 @@ func TestHashIndexAgreesWithAMap(t *testing.T) {
 	rng := rand.New(rand.NewPCG(3, 4))
 	h := newHashIndex(200)
 	ref := map[uint64]int32{}
-	// Few distinct keys with colliding low bits stress the probe runs.
+	// An entry's block holds its hash, as in the pool; blocks not in use
+	// sit in spare.
+	blocks := make([]kvBlock, 1000)
+	var spare []int32
+	for b := range blocks {
+		spare = append(spare, int32(b))
+	}
+	take := func(k uint64) int32 {
+		b := spare[len(spare)-1]
+		spare = spare[:len(spare)-1]
+		blocks[b].hash = k
+		return b
+	}
+	// Few distinct high halves (which pick the home slot and are the
+	// slot's tag) stress the probe runs and the full-hash check.
 	keys := make([]uint64, 300)
 	for i := range keys {
-		keys[i] = uint64(rng.IntN(64)) | uint64(rng.Uint32())<<20 | 1<<63
+		keys[i] = uint64(rng.IntN(64))<<32 | uint64(rng.IntN(4))<<58 | uint64(rng.Uint32())
 	}
-	for i := range 100_000 {
+	for range 100_000 {
 		k := keys[rng.IntN(len(keys))]
 		cur, present := ref[k]
 		switch op := rng.IntN(4); {
 		case op == 0 && present:
-			assert.Equal(t, cur, h.removeIf(k, cur, noBlock))
+			assert.Equal(t, cur, h.removeIf(k, cur, noBlock, blocks))
 			delete(ref, k)
+			spare = append(spare, cur)
 		case op == 1 && present:
-			next := int32(i % 1000)
-			assert.Equal(t, cur, h.removeIf(k, cur, next), "moves to the next block of the hash")
+			next := take(k)
+			assert.Equal(t, cur, h.removeIf(k, cur, next, blocks), "moves to the next block of the hash")
 			ref[k] = next
+			spare = append(spare, cur)
 		case op == 2 && present:
-			assert.Equal(t, cur, h.removeIf(k, cur+1, noBlock), "another block: nothing changes")
+			other := spare[0]
+			assert.Equal(t, cur, h.removeIf(k, other, noBlock, blocks), "another block: nothing changes")
 		case len(ref) < 200:
-			got := h.getOrSet(k, int32(i%1000))
+			b := take(k)
+			got := h.getOrSet(k, b, blocks)
 			if present {
 				assert.Equal(t, cur, got)
+				spare = append(spare, b)
 			} else {
-				assert.Equal(t, int32(i%1000), got)
+				assert.Equal(t, b, got)
 				ref[k] = got
 			}
 		}
@@ -395,10 +428,10 @@ func TestHashIndexAgreesWithAMap(t *testing.T) {
 			if !ok {
 				want = noBlock
 			}
-			require.Equal(t, want, h.get(k))
+			require.Equal(t, want, h.get(k, blocks))
 		}
 	}
 	for k, b := range ref {
-		require.Equal(t, b, h.get(k))
+		require.Equal(t, b, h.get(k, blocks))
 	}
 }

@@ -3,6 +3,7 @@ package vllmsim
 import (
 	"errors"
 	"fmt"
+	"math"
 	"sort"
 	"time"
 )
@@ -171,12 +172,37 @@ var (
 // replica fills the result fields. A Request belongs to one replica from
 // Submit on and must not be modified by the caller afterwards.
 type Request struct {
-	// ID is for the caller; the replica does not read it.
-	ID           uint64
-	PromptTokens int
+	// The engine's per-step loops read and write the fields from here to
+	// LastTokenAt for every running request on every step; they come
+	// first and fit in 64 bytes, so that a step touches one cache line per
+	// request when the Request starts on one.
+	numTokens int32 // prompt + generated: the tokens whose KV must exist
+	computed  int32 // tokens whose KV is computed
+	sched     int32 // tokens scheduled in the step in progress
+	// tableTokens is len(table) × block size: the tokens the block table
+	// has room for.
+	tableTokens int32
+	// cacheAt is (cachedBlocks+1) × block size: the token count at which
+	// the next block of table is full and cached; hashAt is
+	// (len(hashes)+1) × block size, when the next block is hashed. Either
+	// is noTokens when there is nothing to do (prefix caching off, or a
+	// prompt without token ids for hashAt).
+	cacheAt, hashAt int32
+	adapterID       int32
+	state           requestState
+	// Generated counts sampled tokens.
+	Generated int
 	// OutputTokens is how many tokens the request generates (the simulated
 	// generation always runs to this length, like ignore_eos).
 	OutputTokens int
+	// FirstTokenAt and LastTokenAt are the ends of the steps that sampled the
+	// first and the latest token.
+	LastTokenAt  time.Duration
+	FirstTokenAt time.Duration
+
+	// ID is for the caller; the replica does not read it.
+	ID           uint64
+	PromptTokens int
 	// OutputSeed fixes the token ids the request generates
 	// (OutputToken(OutputSeed, i)); they are cached like prompt tokens once
 	// they fill a block.
@@ -184,11 +210,6 @@ type Request struct {
 
 	// Arrival is the Submit time.
 	Arrival time.Duration
-	// FirstTokenAt and LastTokenAt are the ends of the steps that sampled the
-	// first and the latest token; Generated counts sampled tokens.
-	FirstTokenAt time.Duration
-	LastTokenAt  time.Duration
-	Generated    int
 	// CompletedAt is set when Generated reaches OutputTokens (then it equals
 	// LastTokenAt).
 	CompletedAt time.Duration
@@ -200,16 +221,12 @@ type Request struct {
 	// block size, at most PromptTokens-1).
 	CachedTokens int
 
-	// The engine's per-step loops read the fields from here to table; they
-	// are kept together (with the results above) so that a step touches few
-	// cache lines per request.
-	numTokens    int // prompt + generated: the tokens whose KV must exist
-	computed     int // tokens whose KV is computed
-	sched        int // tokens scheduled in the step in progress
-	state        requestState
 	scheduled    bool // scheduled at least once (CachedTokens is set)
-	adapterID    int
-	cachedBlocks int    // leading blocks of table registered in the cache
+	cachedBlocks int  // leading blocks of table registered in the cache
+	// taggedBlocks counts the leading blocks of a running request without
+	// token ids that already carry its tag (the hit of its resumption);
+	// blocks from there to cachedBlocks are tagged when it frees them.
+	taggedBlocks int
 	salt         uint64 // nonzero: a prompt without token ids (Prompt nil)
 	table        []int32
 	// hashes[i] is the hash of full block i of the request's tokens (prompt
@@ -456,14 +473,19 @@ func (r *Replica) Submit(req *Request, now time.Duration) error {
 		r.adapterIDs[req.Adapter] = id
 		r.adapters = append(r.adapters, adapterState{name: req.Adapter, key: adapterKey(req.Adapter), lastUsed: -1})
 	}
-	req.adapterID = id
+	req.adapterID = int32(id)
 	req.Arrival = now
-	req.numTokens = req.PromptTokens
+	req.numTokens = int32(req.PromptTokens)
 	req.computed, req.sched, req.Generated, req.CachedTokens = 0, 0, 0, 0
-	req.table, req.cachedBlocks, req.scheduled = r.slices.table(r.blocksFor(req.PromptTokens+req.OutputTokens)), 0, false
+	req.table, req.tableTokens, req.scheduled = r.slices.table(r.blocksFor(req.PromptTokens+req.OutputTokens)), 0, false
+	r.setCachedBlocks(req, 0)
 	req.expectHit = 0
+	req.hashAt = noTokens
 	if r.cfg.EnablePrefixCaching {
 		r.prepareHashes(req)
+		if req.salt == 0 {
+			req.hashAt = int32((len(req.hashes) + 1) * r.blockTokens)
+		}
 		if req.hitFor == r && req.hitStep == r.stepIndex {
 			req.expectHit = req.hitBlocksSeen // CachedPrefixTokens looked since the last step
 		}
@@ -473,7 +495,7 @@ func (r *Replica) Submit(req *Request, now time.Duration) error {
 	req.state = stateWaiting
 	r.adapters[id].queue.pushBack(req)
 	r.waitingCount++
-	r.waitingPrefill += req.numTokens - req.expectHit*r.blockTokens
+	r.waitingPrefill += int(req.numTokens) - req.expectHit*r.blockTokens
 	if !r.busy {
 		r.startStep(now)
 	}
@@ -483,7 +505,7 @@ func (r *Replica) Submit(req *Request, now time.Duration) error {
 // prepareHashes computes the block hashes of req's full prompt blocks (vLLM
 // hashes a request's blocks when it is created) and keeps the prompt's last
 // partial block for hashing the first generated block. A request without
-// token ids gets a unique salt instead (see blockPool.cacheVirtual).
+// token ids gets a unique salt instead (see blockPool.tagVirtual).
 func (r *Replica) prepareHashes(req *Request) {
 	bs := r.blockTokens
 	if req.hashBlock == bs && (req.salt != 0 || (req.Prompt != nil && len(req.hashes) == req.PromptTokens/bs)) {
@@ -543,7 +565,7 @@ func (r *Replica) longestHit(s *Request, maxBlocks int, dst []int32) []int32 {
 		return append(dst, s.table[:r.pool.virtualHits(s.table, s.salt, maxBlocks)]...)
 	}
 	for _, h := range s.hashes[:min(maxBlocks, len(s.hashes))] {
-		b := r.pool.byHash.get(h)
+		b := r.pool.byHash.get(h, r.pool.blocks)
 		if b == noBlock {
 			break
 		}
@@ -562,7 +584,7 @@ func (r *Replica) hitBlocks(s *Request, maxBlocks int) int {
 	}
 	n := 0
 	for _, h := range s.hashes[:min(maxBlocks, len(s.hashes))] {
-		if r.pool.byHash.get(h) == noBlock {
+		if r.pool.byHash.get(h, r.pool.blocks) == noBlock {
 			break
 		}
 		n++
@@ -633,7 +655,7 @@ func (r *Replica) Abort(req *Request, now time.Duration) (bool, error) {
 	case stateWaiting:
 		r.adapters[req.adapterID].queue.remove(req)
 		r.waitingCount--
-		r.waitingPrefill -= req.numTokens - req.expectHit*r.blockTokens
+		r.waitingPrefill -= int(req.numTokens) - req.expectHit*r.blockTokens
 	case stateRunning:
 		for i, s := range r.running {
 			if s == req {
@@ -705,11 +727,11 @@ func (r *Replica) Load() Load {
 	l := Load{Waiting: r.waitingCount, Running: len(r.running), PendingPrefillTokens: r.waitingPrefill,
 		FreeBlocks: r.pool.free, TotalBlocks: r.totalBlocks}
 	for _, s := range r.running {
-		if left := s.numTokens - s.computed; left > 1 || s.Generated == 0 {
+		if left := int(s.numTokens - s.computed); left > 1 || s.Generated == 0 {
 			l.PendingPrefillTokens += left
 		} else {
 			l.DecodingSeqs++
-			l.DecodeContextTokens += s.numTokens
+			l.DecodeContextTokens += int(s.numTokens)
 		}
 	}
 	for i := 1; i < len(r.adapters); i++ {
@@ -758,8 +780,12 @@ func (r *Replica) startStep(now time.Duration) {
 	// Running requests first, in admission order.
 	for i := 0; i < len(r.running) && budget > 0; {
 		s := r.running[i]
-		n := min(s.numTokens-s.computed, budget)
-		need := r.blocksFor(s.computed+n) - len(s.table)
+		n := min(int(s.numTokens-s.computed), budget)
+		end := int(s.computed) + n
+		need := 0
+		if end > int(s.tableTokens) {
+			need = r.blocksFor(end) - len(s.table)
+		}
 		for need > r.pool.free {
 			// Preempt the most recently admitted request (FCFS policy).
 			victim := r.running[len(r.running)-1]
@@ -775,18 +801,22 @@ func (r *Replica) startStep(now time.Duration) {
 			break // s preempted itself: nothing more can run
 		}
 		if need > 0 {
-			s.table = r.pool.allocate(need, s.table)
+			r.setTable(s, r.pool.allocate(need, s.table))
 		}
-		r.cacheFullBlocks(s, s.computed+n)
-		s.sched = n
+		if end >= int(s.cacheAt) {
+			r.cacheFullBlocks(s, end)
+		}
+		s.sched = int32(n)
 		budget -= n
-		if s.Generated > 0 && n == 1 && s.computed+1 == s.numTokens {
+		if s.Generated > 0 && n == 1 && end == int(s.numTokens) {
 			decodeSeqs++
-			sumContext += s.numTokens
+			sumContext += int(s.numTokens)
 		} else {
 			prefill += n
 		}
-		r.markBatchAdapter(s.adapterID)
+		if s.adapterID != 0 {
+			r.markBatchAdapter(int(s.adapterID))
+		}
 		i++
 	}
 
@@ -799,23 +829,24 @@ func (r *Replica) startStep(now time.Duration) {
 			}
 			a := &r.adapters[id]
 			s := a.queue.front()
-			hit := r.longestHit(s, (s.numTokens-1)/r.blockTokens, r.hitScratch[:0])
+			hit := r.longestHit(s, int(s.numTokens-1)/r.blockTokens, r.hitScratch[:0])
 			r.hitScratch = hit
 			computed := len(hit) * r.blockTokens
-			n := min(s.numTokens-computed, budget)
+			n := min(int(s.numTokens)-computed, budget)
 			newBlocks := r.blocksFor(computed+n) - len(hit)
 			if newBlocks+r.pool.evictable(hit) > r.pool.free {
 				break // FCFS: no KV for the head request, admit nothing more
 			}
 			a.queue.popFront()
 			r.waitingCount--
-			r.waitingPrefill -= s.numTokens - s.expectHit*r.blockTokens
+			r.waitingPrefill -= int(s.numTokens) - s.expectHit*r.blockTokens
 			s.state = stateRunning
 			a.running++
 			r.running = append(r.running, s)
 			r.pool.touch(hit)
-			s.table = r.pool.allocate(newBlocks, append(s.table[:0], hit...))
-			s.computed = computed
+			r.setTable(s, r.pool.allocate(newBlocks, append(s.table[:0], hit...)))
+			s.computed = int32(computed)
+			s.taggedBlocks = len(hit)
 			if r.cfg.EnablePrefixCaching {
 				if s.Preemptions > 0 {
 					r.stats.PreemptedPrefixQueries += int64(s.numTokens)
@@ -829,7 +860,7 @@ func (r *Replica) startStep(now time.Duration) {
 				s.scheduled, s.CachedTokens = true, computed
 			}
 			r.cacheFullBlocks(s, computed+n)
-			s.sched = n
+			s.sched = int32(n)
 			budget -= n
 			prefill += n
 			r.markBatchAdapter(id)
@@ -855,13 +886,16 @@ func (r *Replica) startStep(now time.Duration) {
 // cacheFullBlocks registers the request's blocks that are full once its
 // first tokens are computed (allocate_slots caches them at scheduling).
 func (r *Replica) cacheFullBlocks(s *Request, tokens int) {
-	if !r.cfg.EnablePrefixCaching || tokens < (s.cachedBlocks+1)*r.blockTokens {
-		return
+	if tokens < int(s.cacheAt) {
+		return // also when prefix caching is off
 	}
 	full := tokens / r.blockTokens
 	if s.salt != 0 {
-		for i := s.cachedBlocks; i < full; i++ {
-			r.pool.cacheVirtual(s.table[i], s.salt, i)
+		// Only the owner can hit these blocks, and only once it has freed
+		// them: they are counted as cached now and tagged when freed
+		// (releaseRunning), which saves touching each block twice.
+		if from := max(s.cachedBlocks, s.taggedBlocks); full > from {
+			r.pool.hashed += full - from
 		}
 	} else {
 		full = min(full, len(s.hashes))
@@ -869,8 +903,27 @@ func (r *Replica) cacheFullBlocks(s *Request, tokens int) {
 			r.pool.cache(s.table[i], s.hashes[i])
 		}
 	}
-	s.cachedBlocks = max(s.cachedBlocks, full)
+	r.setCachedBlocks(s, max(s.cachedBlocks, full))
 }
+
+// setCachedBlocks records that the leading n blocks of s.table are in the
+// cache.
+func (r *Replica) setCachedBlocks(s *Request, n int) {
+	s.cachedBlocks = n
+	s.cacheAt = noTokens
+	if r.cfg.EnablePrefixCaching {
+		s.cacheAt = int32((n + 1) * r.blockTokens)
+	}
+}
+
+// setTable sets the block table of a request taking blocks.
+func (r *Replica) setTable(s *Request, table []int32) {
+	s.table = table
+	s.tableTokens = int32(len(table) * r.blockTokens)
+}
+
+// noTokens is a token count no request reaches.
+const noTokens = math.MaxInt32
 
 // markBatchAdapter records that the batch being assembled uses adapter id.
 func (r *Replica) markBatchAdapter(id int) {
@@ -929,7 +982,7 @@ func (r *Replica) preempt(s *Request) {
 	s.expectHit = 0
 	r.adapters[s.adapterID].queue.pushFront(s)
 	r.waitingCount++
-	r.waitingPrefill += s.numTokens
+	r.waitingPrefill += int(s.numTokens)
 }
 
 // dropSlices returns a finished request's block table and hashes to the
@@ -945,11 +998,18 @@ func (r *Replica) dropSlices(s *Request) {
 // block first. A request without token ids keeps its former block ids to
 // find its tagged blocks when it resumes.
 func (r *Replica) releaseRunning(s *Request) {
+	if s.salt != 0 {
+		for i := s.taggedBlocks; i < s.cachedBlocks; i++ {
+			r.pool.tagVirtual(s.table[i], s.salt, i)
+		}
+		s.taggedBlocks = 0
+	}
 	r.pool.release(s.table)
 	if s.salt == 0 {
 		s.table = s.table[:0]
 	}
-	s.cachedBlocks = 0
+	s.tableTokens = 0
+	r.setCachedBlocks(s, 0)
 	r.adapters[s.adapterID].running--
 }
 
@@ -1048,8 +1108,9 @@ func (r *Replica) finishStep(end time.Duration) {
 					r.pending = append(r.pending, s)
 					continue
 				}
-				if r.cfg.EnablePrefixCaching && s.numTokens%r.blockTokens == 0 {
+				if s.numTokens == s.hashAt {
 					r.appendBlockHash(s) // the new token filled a block
+					s.hashAt += int32(r.blockTokens)
 				}
 			}
 		}
