@@ -274,18 +274,23 @@ func narrow(pool []*Endpoint, keep func(*Endpoint) bool) []*Endpoint {
 // PrefixTracker connects one VM's (or one simulated gateway worker's)
 // prefix.Index to its scheduling: Prepare looks a request's blocks up and
 // hands the result to the plugins as Request.Prefix, Routed records where
-// the request went. It caches each endpoint's key per snapshot. Not safe
-// for concurrent use.
+// the request went. It caches each endpoint's key per snapshot, and reads
+// them again when the snapshot is another, or its owner rewrote it in
+// place and said so with Snapshot.Changed. Not safe for concurrent use.
 type PrefixTracker struct {
 	Index *prefix.Index
 
-	snap   *Snapshot
-	first  *Endpoint
-	n      int
-	keys   []uint32
-	match  prefix.Match
-	blocks []uint64
-	key    uint64
+	snap  *Snapshot
+	id    uint64 // snap.identity()
+	all   uint64 // snap's Changed generation when keys were read
+	first *Endpoint
+	n     int
+	// keysRead counts the times keys were read (for caches of them).
+	keysRead uint64
+	keys     []uint32
+	match    prefix.Match
+	blocks   []uint64
+	key      uint64
 }
 
 // NewPrefixTracker returns a tracker over idx.
@@ -330,10 +335,14 @@ func (t *PrefixTracker) useSnapshot(snap *Snapshot) {
 	if len(snap.Endpoints) > 0 {
 		first = &snap.Endpoints[0]
 	}
-	if snap == t.snap && first == t.first && len(snap.Endpoints) == t.n {
+	// identity turns the snapshot's change log on, so Changed reaches us
+	// even where no Scheduler indexes the snapshot.
+	id := snap.identity()
+	if snap == t.snap && id == t.id && snap.changes.all == t.all && first == t.first && len(snap.Endpoints) == t.n {
 		return
 	}
-	t.snap, t.first, t.n = snap, first, len(snap.Endpoints)
+	t.snap, t.id, t.all, t.first, t.n = snap, id, snap.changes.all, first, len(snap.Endpoints)
+	t.keysRead++
 	t.keys = t.keys[:0]
 	for i := range snap.Endpoints {
 		e := &snap.Endpoints[i]
