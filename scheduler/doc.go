@@ -69,13 +69,16 @@
 // decision of the covered profiles from a few binary searches:
 // decision-tree (the seed's table, or any table of its five filter
 // types), scoring (any weights of its four scorers, with or without a
-// shed-filter, max-score picker), least-request, random, round-robin, and
-// LeastLoaded. They are exact: the same endpoint, path and random draws
-// as the plugins give on the same snapshot, which the tests check
-// decision by decision against a Scheduler that scans. What the target
-// adapter changes is computed for its holders only, so a decision costs
-// O(log N + holders of the target adapter). Other profiles (prefix-aware,
-// user profiles of other plugins) scan as before.
+// shed-filter, max-score picker), prefix-aware (fastprefix.go),
+// least-request, random, round-robin, and LeastLoaded. They are exact: the
+// same endpoint, path and random draws as the plugins give on the same
+// snapshot, which the tests check decision by decision against a
+// Scheduler that scans. What the target adapter or the prompt's prefix
+// changes is computed for their holders only, so a decision costs
+// O(log N + holders); prefix-aware's consistent choice for a new prefix
+// still weighs every endpoint of its pool (rendezvous hashing), in one
+// tight pass. Other profiles (user profiles of other plugins) scan as
+// before.
 //
 // The index follows the snapshot through Snapshot.MetricsChanged (that
 // endpoint moves in each order: O(log N) plus the entries it passes) and

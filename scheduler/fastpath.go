@@ -23,7 +23,10 @@ import (
 //   - no filter and a picker without scorers (random), or round-robin;
 //   - queue, KV-cache, LoRA affinity and running-requests scorers with any
 //     weights, optionally after a shed-filter, and the max-score picker
-//     (fastscore.go).
+//     (fastscore.go);
+//   - prefix-affinity-filter, optionally after a shed-filter, with those
+//     scorers and the prefix-cache scorer and the max-score picker
+//     (fastprefix.go).
 //
 // Where a set cannot be described by one order and a key range (after a
 // least-kv-cache step over several queue lengths, the affinity group of
@@ -34,7 +37,8 @@ import (
 // fastPath decides for one profile on the synced index.
 type fastPath interface {
 	// decide returns the chosen endpoint's position, or -1 when the
-	// request was dropped (c.Dropped) or nothing was kept.
+	// request was dropped (c.Dropped) or nothing was kept, or declined
+	// (before drawing or setting anything) when the Scheduler must scan.
 	decide(c *Cycle, x *snapIndex) int
 }
 
@@ -52,10 +56,14 @@ func randomPicks(p Picker) bool {
 // it reads in x; nil when p is not covered.
 func fastPathFor(p *Profile, x *snapIndex) fastPath {
 	if len(p.Scorers) > 0 {
-		if _, ok := p.Picker.(*MaxScorePicker); ok {
-			if f := newFastScoring(p, x); f != nil {
-				return f
-			}
+		if _, ok := p.Picker.(*MaxScorePicker); !ok {
+			return nil
+		}
+		if f := newFastScoring(p, x); f != nil {
+			return f
+		}
+		if f := newFastPrefix(p, x); f != nil {
+			return f
 		}
 		return nil
 	}

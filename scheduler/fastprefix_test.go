@@ -2,7 +2,11 @@ package scheduler
 
 import (
 	"encoding/json"
+	"fmt"
+	"math/rand/v2"
+	"slices"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
@@ -44,4 +48,154 @@ func TestPrefixTrackerFollowsInPlaceChanges(t *testing.T) {
 	snap.MetricsChanged(2)
 	prepare()
 	require.Equal(t, read, tr.keysRead, "new metrics: the keys stay")
+}
+
+// prefixTwin is one side of TestIndexedPrefixAwareEqualsScanned: a
+// Scheduler, its own tracker and prefix index, its own copy of the
+// snapshot.
+type prefixTwin struct {
+	s    *Scheduler
+	t    *PrefixTracker
+	snap *Snapshot
+	res  Result
+}
+
+// foreignInfo is a PrefixInfo that is not a *PrefixTracker: the fast path
+// must leave such requests to the plugins.
+type foreignInfo struct{ *PrefixTracker }
+
+// prefixTwinConfigs are the prefix-aware profiles whose decisions must not
+// depend on indexing.
+var prefixTwinConfigs = []string{
+	`{"profile": "prefix-aware"}`,
+	`{"profile": "prefix-aware", "countRoutedSinceSnapshot": true}`,
+	`{"profile": "p", "plugins": [{"type": "prefix-affinity-filter", "name": "pa",
+		"parameters": {"queueThreshold": 2, "kvCacheThreshold": 0.6, "minCapacity": 2, "balanceFactor": 1.1, "keepRatio": 0.5}}],
+		"profiles": {"p": {"filters": ["shed-filter", "pa"], "scorers": [{"scorer": "prefix-cache-scorer", "weight": 3},
+		{"scorer": "queue-scorer", "weight": 1}, {"scorer": "lora-affinity-scorer", "weight": 2}], "picker": "max-score-picker"}}}`,
+	`{"profile": "p", "plugins": [{"type": "prefix-affinity-filter", "name": "pa", "parameters": {"consistentHashing": false}}],
+		"profiles": {"p": {"filters": ["pa"], "scorers": [{"scorer": "prefix-cache-scorer", "weight": 1},
+		{"scorer": "kv-cache-scorer", "weight": 1}], "picker": "max-score-picker"}}}`,
+	`{"profile": "p", "plugins": [{"type": "prefix-affinity-filter", "name": "pa",
+		"parameters": {"queueThreshold": 200, "kvCacheThreshold": 1, "minCapacity": 0, "balanceFactor": 1.01, "minMatchBlocks": 1, "keepRatio": 1}}],
+		"profiles": {"p": {"filters": ["pa"], "scorers": [{"scorer": "running-requests-scorer", "weight": 1},
+		{"scorer": "prefix-cache-scorer", "weight": 2}], "picker": "max-score-picker"}}, "countRoutedSinceSnapshot": true}`,
+}
+
+// TestIndexedPrefixAwareEqualsScanned is TestIndexedDecisionsEqualScanned
+// for the prefix-aware profiles: prompts that share prefixes, each side
+// recording its decisions in its own prefix index (identical while the
+// decisions are), endpoints going stale, metrics rewritten in place,
+// identities rewritten in place (Changed) and new snapshots. Every path
+// of the filter must have been decided on the index.
+func TestIndexedPrefixAwareEqualsScanned(t *testing.T) {
+	h, err := prefix.NewHasher(prefix.HashConfig{})
+	require.NoError(t, err)
+	var fast, decisions int
+	fastPaths := map[string]int{}
+	for ci, cfg := range prefixTwinConfigs {
+		for shape := range numShapes {
+			t.Run(fmt.Sprintf("config=%d/shape=%d", ci, shape), func(t *testing.T) {
+				r := newRand(uint64(1000*ci) + uint64(shape))
+				n := 130 + r.IntN(100)
+				start := time.Unix(10_000, 0)
+				now := start
+				clock := func() time.Time { return now }
+				staleAfter := time.Duration(0)
+				if r.IntN(2) == 0 {
+					staleAfter = 2 * time.Second
+				}
+				stamp := func(m *Metrics) { m.UpdateTime = now.Add(-time.Duration(r.IntN(2500)) * time.Millisecond) }
+				fresh := func() *Snapshot {
+					s := shapedSnapshot(r, n, shape)
+					for i := range s.Endpoints {
+						stamp(&s.Endpoints[i].Metrics)
+					}
+					return s
+				}
+				base := fresh()
+				seed, failOpen := r.Uint64(), r.IntN(2) == 0
+				twins := [2]*prefixTwin{}
+				for k, minEndpoints := range []int{1, -1} {
+					idx, err := prefix.NewIndex(prefix.IndexConfig{}, nil)
+					require.NoError(t, err)
+					o := Options{Rand: rand.NewPCG(seed, 3), Now: clock, StaleAfter: staleAfter, FailOpen: failOpen, IndexMinEndpoints: minEndpoints}
+					twins[k] = &prefixTwin{s: newScheduler(t, cfg, o), t: NewPrefixTracker(idx), snap: copySnapshot(base)}
+				}
+				twins[0].s.index.eager = r.IntN(2) == 0
+				contexts := []string{longPrompt("tax law", 30), longPrompt("rust", 50), longPrompt("ops", 20), longPrompt("ops", 6), ""}
+				for step := range 400 {
+					switch k := r.IntN(40); {
+					case k < 28: // a decision
+						prompt := contexts[r.IntN(len(contexts))] + fmt.Sprintf("question %d?", r.IntN(5))
+						raw, _ := json.Marshal(prompt)
+						model := []string{"base", adapterName(r.IntN(10)), ""}[r.IntN(3)]
+						require.NoError(t, h.HashPrompt(model, nil, raw))
+						blocks := slices.Clone(h.Blocks())
+						crit := Criticality(r.IntN(3))
+						admitted := r.IntN(6) == 0
+						kind := r.IntN(16) // 0: no prompt; 1: not a tracker
+						for _, tw := range twins {
+							req := &Request{Model: model, Criticality: crit, Admitted: admitted}
+							if kind%4 == 0 {
+								req.TargetModel = adapterName(kind % 10)
+							}
+							if kind != 0 {
+								tw.t.Prepare(req, tw.snap, blocks, h.Key())
+							}
+							if kind == 1 {
+								req.Prefix = foreignInfo{tw.t}
+							}
+							before := tw.s.index.decisions
+							tw.res = tw.s.Schedule(req, tw.snap)
+							if tw == twins[0] && tw.s.index.decisions > before {
+								fast++
+								fastPaths[tw.res.Path]++
+							}
+							if tw.res.Outcome == Routed && tw.res.Index >= 0 {
+								tw.s.Observe(req, tw.res)
+								if kind != 0 {
+									tw.t.Routed(tw.res.Index, prefixT0.Add(time.Duration(step)*time.Second))
+								}
+							}
+						}
+						requireSameResult(t, step, twins[0].res, twins[1].res)
+						decisions++
+					case k < 34: // fresh metrics for a few endpoints, in place
+						for range 1 + r.IntN(4) {
+							i := r.IntN(n)
+							m := shapedSnapshot(r, 1, shape).Endpoints[0].Metrics
+							stamp(&m)
+							for _, tw := range twins {
+								tw.snap.Endpoints[i].Metrics = m
+								tw.snap.MetricsChanged(i)
+							}
+						}
+					case k < 36: // the clock moves
+						now = now.Add(time.Duration(r.IntN(1500)) * time.Millisecond)
+					case k < 38: // identities rewritten in place: endpoints swap places
+						perm := r.Perm(n)
+						next := fresh()
+						for i := range next.Endpoints {
+							next.Endpoints[i].ID, next.Endpoints[i].Address = base.Endpoints[perm[i]].ID, base.Endpoints[perm[i]].Address
+						}
+						for _, tw := range twins {
+							copy(tw.snap.Endpoints, next.Endpoints)
+							tw.snap.Changed()
+						}
+					default: // a new snapshot
+						next := fresh()
+						for _, tw := range twins {
+							tw.snap = copySnapshot(next)
+						}
+					}
+				}
+			})
+		}
+	}
+	require.Greater(t, fast, decisions*2/3, "fast decisions %d of %d", fast, decisions)
+	for _, p := range (&PrefixAffinityFilter{}).Paths() {
+		require.Positive(t, fastPaths[p], "path %s decided on the index (%v)", p, fastPaths)
+	}
+	t.Logf("fast decisions %d of %d, by path %v", fast, decisions, fastPaths)
 }

@@ -27,6 +27,7 @@ type scoreSpec struct {
 	weightSum float64
 	lora      bool // a LoRA affinity scorer is among them
 	running   bool // a running-requests scorer is among them
+	prefix    bool // a prefix-cache scorer is among them
 }
 
 type scoreTerm struct {
@@ -41,6 +42,7 @@ const (
 	scoreQueue
 	scoreKV
 	scoreRunning
+	scorePrefix
 )
 
 // norm is the candidates' range of waiting queues and running batches.
@@ -61,6 +63,8 @@ func newScoreSpec(p *Profile) *scoreSpec {
 			k = scoreKV
 		case *RunningRequestsScorer:
 			k, sp.running = scoreRunning, true
+		case *PrefixCacheScorer:
+			k, sp.prefix = scorePrefix, true
 		default:
 			return nil
 		}
@@ -70,8 +74,9 @@ func newScoreSpec(p *Profile) *scoreSpec {
 }
 
 // score is Scheduler.score's weighted mean for one endpoint, operation for
-// operation (so the float result is the same).
-func (sp *scoreSpec) score(nu *norm, v indexed, lora float64) float64 {
+// operation (so the float result is the same); lora and prefix are the
+// LoRA affinity and prefix-cache scorers' values for it.
+func (sp *scoreSpec) score(nu *norm, v indexed, lora, prefix float64) float64 {
 	total := 0.0
 	for _, t := range sp.terms {
 		var s float64
@@ -84,6 +89,8 @@ func (sp *scoreSpec) score(nu *norm, v indexed, lora float64) float64 {
 			s = 1 - v.kv
 		case scoreRunning:
 			s = minMaxValue(v.r, nu.loR, nu.hiR)
+		case scorePrefix:
+			s = prefix
 		}
 		total += weighted(t.weight, s)
 	}
@@ -98,119 +105,77 @@ func minMaxValue(v, lo, hi int) float64 {
 	return float64(hi-v) / float64(hi-lo)
 }
 
-// defaultScore is the score of an endpoint that does not hold the target
-// adapter: the LoRA scorer gives it the free-slot score or nothing.
+// defaultScore is the score of an endpoint that holds neither the target
+// adapter nor any of the prompt: the LoRA scorer gives it the free-slot
+// score or nothing, the prefix-cache scorer nothing.
 func (sp *scoreSpec) defaultScore(nu *norm, v indexed) float64 {
 	lora := 0.0
 	if v.flags&flagFree != 0 {
 		lora = LoRAScoreFreeSlot
 	}
-	return sp.score(nu, v, lora)
+	return sp.score(nu, v, lora, 0)
 }
 
 // scoreEntry orders scores highest first, then by position.
 func scoreEntry(score float64, i int) entry { return entry{0, int32(i), ^kvKey(score)} }
 
-// fastScoring decides a scoring profile on the index.
-type fastScoring struct {
-	spec *scoreSpec
-	// Per candidate class (0: every fresh endpoint; 1: those with the
-	// shed-filter's capacity): the (waiting, KV) order, the running order
-	// (when a running scorer needs its range) and the score order.
-	loads, runs, scores [2]int
-	shed                bool
+// scoreClass is one candidate class's orders for a scoring spec: the
+// (waiting, KV) order (the queue range, and membership), the running order
+// (the running range, when a running scorer needs it) and the score order.
+type scoreClass struct{ load, run, score int }
 
-	hs     []holderScore
-	ex     []holderScore // holders inside the best non-holder run
-	posBuf []int32
+func newScoreClass(x *snapIndex, spec *scoreSpec, cap int) scoreClass {
+	cl := scoreClass{load: x.orderOf(keyLoad, cap, false), score: x.scoreOrderOf(cap, spec)}
+	if spec.running {
+		cl.run = x.orderOf(keyRunning, cap, false)
+	}
+	return cl
 }
 
+// norm reads the class's normalisation off its orders, which must not be
+// empty, and brings the score order to it.
+func (cl scoreClass) norm(x *snapIndex, spec *scoreSpec) norm {
+	load := x.ord(cl.load).es
+	nu := norm{loQ: x.w[load[0].i], hiQ: x.w[load[len(load)-1].i]}
+	if spec.running {
+		run := x.ord(cl.run).es
+		nu.loR, nu.hiR = x.r[run[0].i], x.r[run[len(run)-1].i]
+	}
+	if so := &x.orders[cl.score]; so.nu != nu {
+		so.nu, so.built = nu, false // every default score moved
+	}
+	return nu
+}
+
+// holderScore is a candidate whose score differs from its default (it
+// holds the target adapter, or the prompt's prefix), and that score.
 type holderScore struct {
 	i     int32
 	score float64
 }
 
-func newFastScoring(p *Profile, x *snapIndex) *fastScoring {
-	spec := newScoreSpec(p)
-	if spec == nil {
-		return nil
-	}
-	f := &fastScoring{spec: spec}
-	classes := []int{-1}
-	switch len(p.Filters) {
-	case 0:
-	case 1:
-		sh, ok := p.Filters[0].(*ShedFilter)
-		if !ok {
-			return nil
-		}
-		f.shed = true
-		classes = append(classes, x.capacityClass(sh.QueueThreshold, sh.KVCacheThreshold))
-	default:
-		return nil
-	}
-	for k, c := range classes {
-		f.loads[k] = x.orderOf(keyLoad, c, false)
-		if spec.running {
-			f.runs[k] = x.orderOf(keyRunning, c, false)
-		}
-		f.scores[k] = x.scoreOrderOf(c, spec)
-	}
-	return f
+// scorePick is what a profile's scorers and MaxScorePicker choose among a
+// class's members: the best of the specials' exact scores and of the
+// first non-special in score order, then the k-th tie in snapshot order.
+type scorePick struct {
+	ex     []holderScore // specials inside the best non-special run
+	posBuf []int32
 }
 
-func (f *fastScoring) decide(c *Cycle, x *snapIndex) int {
-	k := 0
-	if f.shed && c.Request.shed() {
-		k = 1
-	}
-	load := x.ord(f.loads[k]).es
-	if len(load) == 0 {
-		c.Drop() // shed-filter: nothing has capacity
-		return -1
-	}
-	nu := norm{loQ: x.w[load[0].i], hiQ: x.w[load[len(load)-1].i]}
-	if f.spec.running {
-		run := x.ord(f.runs[k]).es
-		nu.loR, nu.hiR = x.r[run[0].i], x.r[run[len(run)-1].i]
-	}
-	so := &x.orders[f.scores[k]]
-	if so.nu != nu {
-		so.nu, so.built = nu, false // every default score moved
-	}
-	es := x.ord(f.scores[k]).es
-	cand := &x.orders[f.loads[k]]
-
-	// The target's holders among the candidates, with their exact score.
-	hs := f.hs[:0]
+// pick chooses among cl's members (not empty); hs are the specials in
+// ascending position with their exact scores.
+func (sp *scorePick) pick(c *Cycle, x *snapIndex, cl scoreClass, hs []holderScore) int {
+	so := &x.orders[cl.score]
+	es := x.ord(cl.score).es
 	var mark uint32
-	if f.spec.lora {
-		target := c.TargetModel()
-		if a := x.adapter(target); a >= 0 {
-			for _, h := range x.holders[a] {
-				if !x.member(cand, int(h)) {
-					continue
-				}
-				lora := LoRAScoreActive
-				if m := &c.Snapshot.Endpoints[h].Metrics; !m.HasActiveModel(target) {
-					switch {
-					case x.flags[h]&flagFree != 0:
-						lora = LoRAScoreFreeSlot
-					case m.HasWaitingModel(target):
-						lora = LoRAScoreWaiting
-					default:
-						lora = 0
-					}
-				}
-				hs = append(hs, holderScore{h, f.spec.score(&nu, x.values(int(h)), lora)})
-			}
-			positions := f.positions(hs)
-			mark = x.markAll(positions)
+	if len(hs) > 0 {
+		pos := slices.Grow(sp.posBuf[:0], len(hs))
+		for _, h := range hs {
+			pos = append(pos, h.i)
 		}
+		sp.posBuf = pos
+		mark = x.markAll(pos)
 	}
-	f.hs = hs
-
-	// The best: the holders' and the first non-holder's in score order.
 	best := math.Inf(-1)
 	for _, h := range hs {
 		best = max(best, h.score)
@@ -219,7 +184,7 @@ func (f *fastScoring) decide(c *Cycle, x *snapIndex) int {
 	for p < len(es) && mark != 0 && x.marks[es[p].i] == mark {
 		p++
 	}
-	run0, run1 := 0, 0 // the non-holders' run of the best score, in es
+	run0, run1 := 0, 0 // the non-specials' run of the best score, in es
 	if p < len(es) {
 		if d := entryScore(es[p]); d >= best {
 			best = d
@@ -227,8 +192,8 @@ func (f *fastScoring) decide(c *Cycle, x *snapIndex) int {
 			run1 = es.searchAfter(entry{0, math.MaxInt32, es[p].b})
 		}
 	}
-	// Holders inside the run do not count there (their own score does).
-	ex := f.ex[:0]
+	// Specials inside the run do not count there (their own score does).
+	ex := sp.ex[:0]
 	ties := run1 - run0
 	if run1 > run0 {
 		for _, h := range hs {
@@ -238,33 +203,99 @@ func (f *fastScoring) decide(c *Cycle, x *snapIndex) int {
 			}
 		}
 	}
-	f.ex = ex
+	sp.ex = ex
 	for _, h := range hs {
 		if h.score == best {
 			ties++
 		}
 	}
-	pick := 0
+	k := 0
 	if ties > 1 {
-		pick = c.Rand.IntN(ties)
+		k = c.Rand.IntN(ties)
 	}
-	return f.nthTie(es, run0, run1, ex, hs, best, pick)
+	return nthTie(es, run0, run1, ex, hs, best, k)
 }
 
-// positions lists the holders' positions (for markAll).
-func (f *fastScoring) positions(hs []holderScore) []int32 {
-	pos := slices.Grow(f.posBuf[:0], len(hs))
-	for _, h := range hs {
-		pos = append(pos, h.i)
+// loraScore is the LoRA affinity scorer's value for endpoint i, which
+// lists target (active or waiting).
+func (x *snapIndex) loraScore(c *Cycle, i int32, target string) float64 {
+	m := &c.Snapshot.Endpoints[i].Metrics
+	switch {
+	case m.HasActiveModel(target):
+		return LoRAScoreActive
+	case x.flags[i]&flagFree != 0:
+		return LoRAScoreFreeSlot
+	case m.HasWaitingModel(target):
+		return LoRAScoreWaiting
 	}
-	f.posBuf = pos
-	return pos
+	return 0
+}
+
+// fastScoring decides a scoring profile on the index.
+type fastScoring struct {
+	spec *scoreSpec
+	// Per candidate class (0: every fresh endpoint; 1: those with the
+	// shed-filter's capacity).
+	classes [2]scoreClass
+	shed    bool
+
+	hs []holderScore
+	scorePick
+}
+
+func newFastScoring(p *Profile, x *snapIndex) *fastScoring {
+	spec := newScoreSpec(p)
+	if spec == nil || spec.prefix {
+		return nil
+	}
+	f := &fastScoring{spec: spec}
+	switch len(p.Filters) {
+	case 0:
+	case 1:
+		sh, ok := p.Filters[0].(*ShedFilter)
+		if !ok {
+			return nil
+		}
+		f.shed = true
+		f.classes[1] = newScoreClass(x, spec, x.capacityClass(sh.QueueThreshold, sh.KVCacheThreshold))
+	default:
+		return nil
+	}
+	f.classes[0] = newScoreClass(x, spec, -1)
+	return f
+}
+
+func (f *fastScoring) decide(c *Cycle, x *snapIndex) int {
+	cl := f.classes[0]
+	if f.shed && c.Request.shed() {
+		cl = f.classes[1]
+	}
+	if len(x.ord(cl.load).es) == 0 {
+		c.Drop() // shed-filter: nothing has capacity
+		return -1
+	}
+	nu := cl.norm(x, f.spec)
+	// The target's holders among the candidates, with their exact score.
+	hs := f.hs[:0]
+	if f.spec.lora {
+		target := c.TargetModel()
+		if a := x.adapter(target); a >= 0 {
+			cand := &x.orders[cl.load]
+			for _, h := range x.holders[a] {
+				if x.member(cand, int(h)) {
+					hs = append(hs, holderScore{h, f.spec.score(&nu, x.values(int(h)), x.loraScore(c, h, target), 0)})
+				}
+			}
+		}
+	}
+	f.hs = hs
+	return f.pick(c, x, cl, hs)
 }
 
 // nthTie returns the position of the k-th tie in snapshot order: the
 // ties are the run es[run0:run1] (one score, so in position order) less
 // the holders ex in it, and the holders hs scoring best.
-func (f *fastScoring) nthTie(es sortedEntries, run0, run1 int, ex, hs []holderScore, best float64, k int) int {
+func nthTie(es sortedEntries, run0, run1 int, ex, hs []holderScore, best float64, k int) int {
 	cur, e := run0, 0
 	var b uint64
 	if run1 > run0 {

@@ -86,6 +86,8 @@ type order struct {
 	from  int
 	built bool
 	es    sortedEntries
+	// sum is the members' outstanding requests (waiting + running).
+	sum int
 	// score and nu are a keyScore order's scorers and the normalisation
 	// its keys were computed with.
 	score *scoreSpec
@@ -291,10 +293,13 @@ func (x *snapIndex) reload(e *Endpoint, i int) {
 		switch {
 		case wasIn && in:
 			o.es.move(o.keyOf(was, i), o.keyOf(now, i))
+			o.sum += now.w + now.r - was.w - was.r
 		case wasIn:
 			o.es.remove(o.keyOf(was, i))
+			o.sum -= was.w + was.r
 		case in:
 			o.es.insert(o.keyOf(now, i))
+			o.sum += now.w + now.r
 		}
 	}
 }
@@ -486,6 +491,10 @@ func (x *snapIndex) ord(id int) *order {
 			}
 		}
 		es.sort()
+	}
+	o.sum = 0
+	for _, e := range es {
+		o.sum += x.w[e.i] + x.r[e.i]
 	}
 	o.es, o.built = es, true
 	return o

@@ -260,7 +260,8 @@ func TestIndexRebuildWaitsForASecondDecision(t *testing.T) {
 // TestIndexedDecisionsAllocateNothing: once the index and its orders are
 // built, decisions, Observe and in-place changes allocate nothing.
 func TestIndexedDecisionsAllocateNothing(t *testing.T) {
-	for _, cfg := range []string{`{"profile": "decision-tree", "countRoutedSinceSnapshot": true}`, `{"profile": "least-request"}`} {
+	for _, cfg := range []string{`{"profile": "decision-tree", "countRoutedSinceSnapshot": true}`, `{"profile": "least-request"}`,
+		`{"profile": "scoring", "countRoutedSinceSnapshot": true}`, `{"profile": "prefix-aware"}`} {
 		o := seeded(1)
 		o.IndexMinEndpoints = 1
 		s := newScheduler(t, cfg, o)

@@ -365,7 +365,9 @@ func (s *Scheduler) Schedule(req *Request, snap *Snapshot) Result {
 
 	prof := s.ProfileFor(req.Criticality)
 	if prof.fast != nil && s.indexed(c, snap) {
-		return s.fastSchedule(c, prof, snap)
+		if res, ok := s.fastSchedule(c, prof, snap); ok {
+			return res
+		}
 	}
 	res := s.collect(c, snap)
 	if res.Outcome != Routed {
@@ -405,20 +407,25 @@ func (s *Scheduler) indexed(c *Cycle, snap *Snapshot) bool {
 	return s.index.sync(snap, c)
 }
 
-// fastSchedule is Schedule by prof's fast path on the synced index.
-func (s *Scheduler) fastSchedule(c *Cycle, prof *Profile, snap *Snapshot) Result {
+// fastSchedule is Schedule by prof's fast path on the synced index; false
+// when the fast path declined this request.
+func (s *Scheduler) fastSchedule(c *Cycle, prof *Profile, snap *Snapshot) (Result, bool) {
 	x := s.index
-	x.decisions++
 	res := Result{Index: -1, Stale: x.nStale}
 	if x.nFresh == 0 {
 		res.Outcome, res.Path = AllStale, PathAllStale
-		return s.failOpenIfStale(snap, res)
+		return s.failOpenIfStale(snap, res), true
 	}
+	i := prof.fast.decide(c, x)
+	if i == declined {
+		return Result{}, false
+	}
+	x.decisions++
 	res.Profile = prof.Name
-	if i := prof.fast.decide(c, x); res.settle(c, prof, i >= 0) {
+	if res.settle(c, prof, i >= 0) {
 		res.Endpoint, res.Index = &snap.Endpoints[i], i
 	}
-	return res
+	return res, true
 }
 
 // settle completes res once prof's plugins ran on c: the path they set
@@ -517,7 +524,12 @@ func (s *Scheduler) score(c *Cycle, prof *Profile, in []*Endpoint) []float64 {
 	n := len(in)
 	s.scores = growFloats(s.scores, n)
 	s.scratch = growFloats(s.scratch, n)
-	total, one := s.scores[:n], s.scratch[:n]
+	return scoreInto(c, prof, in, s.scores[:n], s.scratch[:n])
+}
+
+// scoreInto writes into total (len(in)) the weighted mean of prof's
+// scorers, using one as scratch, and returns total.
+func scoreInto(c *Cycle, prof *Profile, in []*Endpoint, total, one []float64) []float64 {
 	clear(total)
 	for _, ws := range prof.Scorers {
 		clear(one)

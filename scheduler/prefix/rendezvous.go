@@ -38,8 +38,7 @@ func (r *Rendezvous) Pick(key uint64, ids []uint32, loads []int) int {
 	for _, l := range loads {
 		total += max(l, 0)
 	}
-	capacity := int(math.Ceil(r.Factor * float64(total+1) / float64(n)))
-	capacity = max(capacity, r.MinCapacity, 1)
+	capacity := r.Capacity(total, n)
 	if cap(r.weights) < n {
 		r.weights = make([]uint64, n)
 	}
@@ -63,6 +62,18 @@ func (r *Rendezvous) Pick(key uint64, ids []uint32, loads []int) int {
 	}
 	return RendezvousOrder(key, ids)[0] // unreachable
 }
+
+// Capacity is Pick's load bound for n endpoints whose loads (negative
+// ones as 0) sum to total.
+func (r *Rendezvous) Capacity(total, n int) int {
+	return max(int(math.Ceil(r.Factor*float64(total+1)/float64(n))), r.MinCapacity, 1)
+}
+
+// Weight is endpoint id's weight for key, which Pick ranks by (never 0):
+// for callers that rank endpoints they do not list (the scheduler's
+// index picks as Pick would: the heaviest under Capacity, the first of
+// equal ones).
+func Weight(key uint64, id uint32) uint64 { return weight(key, id) }
 
 // RendezvousOrder returns ids' indexes by descending weight for key (for
 // tests and tools; allocates).
