@@ -21,9 +21,10 @@ import (
 //     prefix.Weight in one pass over the pool (O(pool), the one step that
 //     still visits many endpoints: rendezvous hashing weighs every
 //     endpoint it may choose);
-//   - no prompt, or a saturated pool: the scoring fast path over all the
-//     candidates, the target's holders and the prompt's holders scored
-//     exactly.
+//   - no prompt, a saturated pool, or a prompt nobody holds where prompts
+//     are rarely reused (the filter's reuse share, updated here as the
+//     scan updates it): the scoring fast path over all the candidates,
+//     the target's holders and the prompt's holders scored exactly.
 //
 // Request.Prefix must be a *PrefixTracker prepared on the snapshot being
 // scheduled; any other PrefixInfo makes the decision scan.
@@ -137,6 +138,20 @@ func (fp *fastPrefix) decide(c *Cycle, x *snapIndex) int {
 		return fp.scored(c, x, fp.cands[k], 0)
 	}
 	f := fp.f
+	// The filter's running reuse share counts every prompt, as the scan
+	// does, before any outcome.
+	seen := 0
+	for _, m := range fp.matches {
+		if x.member(cands, int(m.i)) {
+			seen = max(seen, m.blocks)
+		}
+	}
+	minMatch := max(f.MinMatchBlocks, 1)
+	f.observe(seen >= minMatch)
+	if seen < minMatch && f.ConsistentHashing && f.Reuse() < f.MinReuse {
+		c.SetPath(PathPrefixUnshared)
+		return fp.scored(c, x, fp.cands[k], t.PromptBlocks())
+	}
 	bound := max(f.MinCapacity, int(math.Ceil(f.BalanceFactor*float64(cands.sum+1)/float64(len(cands.es)))))
 	pool := x.ord(fp.pools[k].load)
 	best := 0
@@ -149,7 +164,7 @@ func (fp *fastPrefix) decide(c *Cycle, x *snapIndex) int {
 		c.SetPath(PathPrefixSaturated)
 		return fp.scored(c, x, fp.cands[k], t.PromptBlocks())
 	}
-	if best >= max(f.MinMatchBlocks, 1) {
+	if best >= minMatch {
 		c.SetPath(PathPrefixAffinity)
 		keep := int(math.Ceil(f.KeepRatio * float64(best)))
 		list := fp.list[:0]

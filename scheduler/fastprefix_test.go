@@ -70,14 +70,14 @@ var prefixTwinConfigs = []string{
 	`{"profile": "prefix-aware"}`,
 	`{"profile": "prefix-aware", "countRoutedSinceSnapshot": true}`,
 	`{"profile": "p", "plugins": [{"type": "prefix-affinity-filter", "name": "pa",
-		"parameters": {"queueThreshold": 2, "kvCacheThreshold": 0.6, "minCapacity": 2, "balanceFactor": 1.1, "keepRatio": 0.5}}],
+		"parameters": {"queueThreshold": 2, "kvCacheThreshold": 0.6, "minCapacity": 2, "balanceFactor": 1.1, "keepRatio": 0.5, "minReuse": 0.5}}],
 		"profiles": {"p": {"filters": ["shed-filter", "pa"], "scorers": [{"scorer": "prefix-cache-scorer", "weight": 3},
 		{"scorer": "queue-scorer", "weight": 1}, {"scorer": "lora-affinity-scorer", "weight": 2}], "picker": "max-score-picker"}}}`,
 	`{"profile": "p", "plugins": [{"type": "prefix-affinity-filter", "name": "pa", "parameters": {"consistentHashing": false}}],
 		"profiles": {"p": {"filters": ["pa"], "scorers": [{"scorer": "prefix-cache-scorer", "weight": 1},
 		{"scorer": "kv-cache-scorer", "weight": 1}], "picker": "max-score-picker"}}}`,
 	`{"profile": "p", "plugins": [{"type": "prefix-affinity-filter", "name": "pa",
-		"parameters": {"queueThreshold": 200, "kvCacheThreshold": 1, "minCapacity": 0, "balanceFactor": 1.01, "minMatchBlocks": 1, "keepRatio": 1}}],
+		"parameters": {"queueThreshold": 200, "kvCacheThreshold": 1, "minCapacity": 0, "balanceFactor": 1.01, "minMatchBlocks": 1, "keepRatio": 1, "minReuse": 0.4}}],
 		"profiles": {"p": {"filters": ["pa"], "scorers": [{"scorer": "running-requests-scorer", "weight": 1},
 		{"scorer": "prefix-cache-scorer", "weight": 2}], "picker": "max-score-picker"}}, "countRoutedSinceSnapshot": true}`,
 }
@@ -124,10 +124,13 @@ func TestIndexedPrefixAwareEqualsScanned(t *testing.T) {
 				}
 				twins[0].s.index.eager = r.IntN(2) == 0
 				contexts := []string{longPrompt("tax law", 30), longPrompt("rust", 50), longPrompt("ops", 20), longPrompt("ops", 6), ""}
-				for step := range 400 {
+				for step := range 600 {
 					switch k := r.IntN(40); {
 					case k < 28: // a decision
 						prompt := contexts[r.IntN(len(contexts))] + fmt.Sprintf("question %d?", r.IntN(5))
+						if (step/200)%2 == 1 && r.IntN(20) > 0 { // phases of unique prompts: reuse falls below minReuse
+							prompt = fmt.Sprintf("%d: a prompt nobody sent before, long enough for a few blocks of hashes. ", r.Uint64()) + longPrompt("once", 3)
+						}
 						raw, _ := json.Marshal(prompt)
 						model := []string{"base", adapterName(r.IntN(10)), ""}[r.IntN(3)]
 						require.NoError(t, h.HashPrompt(model, nil, raw))
