@@ -98,14 +98,9 @@ func TestIndexedPrefixAwareEqualsScanned(t *testing.T) {
 			t.Run(fmt.Sprintf("config=%d/shape=%d", ci, shape), func(t *testing.T) {
 				r := newRand(uint64(1000*ci) + uint64(shape))
 				n := 130 + r.IntN(100)
-				start := time.Unix(10_000, 0)
-				now := start
-				clock := func() time.Time { return now }
-				staleAfter := time.Duration(0)
-				if r.IntN(2) == 0 {
-					staleAfter = 2 * time.Second
-				}
-				stamp := func(m *Metrics) { m.UpdateTime = now.Add(-time.Duration(r.IntN(2500)) * time.Millisecond) }
+				c := newTwinClock(r)
+				clock, staleAfter := c.read, c.staleAfter
+				stamp := func(m *Metrics) { m.UpdateTime = c.now.Add(-time.Duration(r.IntN(2500)) * time.Millisecond) }
 				fresh := func() *Snapshot {
 					s := shapedSnapshot(r, n, shape)
 					for i := range s.Endpoints {
@@ -175,7 +170,7 @@ func TestIndexedPrefixAwareEqualsScanned(t *testing.T) {
 							}
 						}
 					case k < 36: // the clock moves
-						now = now.Add(time.Duration(r.IntN(1500)) * time.Millisecond)
+						c.now = c.now.Add(time.Duration(r.IntN(1500)) * time.Millisecond)
 					case k < 38: // identities rewritten in place: endpoints swap places
 						perm := r.Perm(n)
 						next := fresh()

@@ -131,13 +131,8 @@ func TestIndexedDecisionsEqualScanned(t *testing.T) {
 // Scheduler and returns how many decisions the fast path made.
 func runTwins(t *testing.T, r *rand.Rand, cfg string, n int, shape fleetShape) (fastDecisions, decisions int) {
 	t.Helper()
-	start := time.Unix(10_000, 0)
-	now := start
-	clock := func() time.Time { return now }
-	staleAfter := time.Duration(0)
-	if r.IntN(2) == 0 {
-		staleAfter = 2 * time.Second
-	}
+	c := newTwinClock(r)
+	clock, staleAfter := c.read, c.staleAfter
 	seed, failOpen := r.Uint64(), r.IntN(2) == 0
 	opts := func(minEndpoints int) Options {
 		return Options{Rand: rand.NewPCG(seed, 7), Now: clock, StaleAfter: staleAfter, FailOpen: failOpen, IndexMinEndpoints: minEndpoints}
@@ -148,7 +143,7 @@ func runTwins(t *testing.T, r *rand.Rand, cfg string, n int, shape fleetShape) (
 
 	base := shapedSnapshot(r, n, shape)
 	stamp := func(m *Metrics) {
-		m.UpdateTime = now.Add(-time.Duration(r.IntN(3000)) * time.Millisecond)
+		m.UpdateTime = c.now.Add(-time.Duration(r.IntN(3000)) * time.Millisecond)
 	}
 	for i := range base.Endpoints {
 		stamp(&base.Endpoints[i].Metrics)
@@ -191,7 +186,7 @@ func runTwins(t *testing.T, r *rand.Rand, cfg string, n int, shape fleetShape) (
 				a.MetricsChanged(i)
 			}
 		case k < 19: // the clock moves (endpoints go stale)
-			now = now.Add(time.Duration(r.IntN(1500)) * time.Millisecond)
+			c.now = c.now.Add(time.Duration(r.IntN(1500)) * time.Millisecond)
 		default: // a new snapshot, or the same one changed wholesale
 			next := shapedSnapshot(r, n, shape)
 			for i := range next.Endpoints {
@@ -209,6 +204,23 @@ func runTwins(t *testing.T, r *rand.Rand, cfg string, n int, shape fleetShape) (
 	}
 	return fastDecisions, decisions
 }
+
+// twinClock is the twins' shared clock, and the StaleAfter they use (0 or
+// 2 s, drawn).
+type twinClock struct {
+	now        time.Time
+	staleAfter time.Duration
+}
+
+func newTwinClock(r *rand.Rand) *twinClock {
+	c := &twinClock{now: time.Unix(10_000, 0)}
+	if r.IntN(2) == 0 {
+		c.staleAfter = 2 * time.Second
+	}
+	return c
+}
+
+func (c *twinClock) read() time.Time { return c.now }
 
 func requireSameResult(t *testing.T, step int, a, b Result) {
 	t.Helper()
