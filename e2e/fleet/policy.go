@@ -176,12 +176,19 @@ const DefaultStaleAfter = 2 * time.Second
 // counts what it routed since the last scrape in its own snapshot, as the
 // plugin does per VM.
 func SchedulerPolicySpec(name string, cfg scheduler.Config) PolicySpec {
+	return schedulerPolicySpec(name, cfg, 0)
+}
+
+// schedulerPolicySpec is SchedulerPolicySpec with the scheduler's
+// Options.IndexMinEndpoints (0: its default).
+func schedulerPolicySpec(name string, cfg scheduler.Config, indexMinEndpoints int) PolicySpec {
 	return PolicySpec{Name: name, CountsRouted: cfg.CountsRoutedSinceSnapshot(), New: func(seed uint64, clock func() time.Time) (Policy, error) {
 		s, err := scheduler.New(cfg, scheduler.NewRegistry(), scheduler.Options{
-			Rand:       rand.NewPCG(seed, 0x5c4e),
-			Now:        clock,
-			StaleAfter: DefaultStaleAfter,
-			FailOpen:   true,
+			Rand:              rand.NewPCG(seed, 0x5c4e),
+			Now:               clock,
+			StaleAfter:        DefaultStaleAfter,
+			FailOpen:          true,
+			IndexMinEndpoints: indexMinEndpoints,
 		})
 		if err != nil {
 			return nil, err

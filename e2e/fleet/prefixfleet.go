@@ -56,10 +56,17 @@ const (
 // scrape, 50 ms, the plugin's default syncInterval): one VM sees another's
 // decisions one to two ticks later, as in the plugin.
 func PrefixPolicySpec(name string, cfg scheduler.Config, mode IndexMode) PolicySpec {
+	return prefixPolicySpec(name, cfg, mode, 0)
+}
+
+// prefixPolicySpec is PrefixPolicySpec with the scheduler's
+// Options.IndexMinEndpoints (0: its default).
+func prefixPolicySpec(name string, cfg scheduler.Config, mode IndexMode, indexMinEndpoints int) PolicySpec {
 	return PolicySpec{Name: name, CountsRouted: cfg.CountsRoutedSinceSnapshot(),
 		New: func(seed uint64, clock func() time.Time) (Policy, error) {
 			s, err := scheduler.New(cfg, scheduler.NewRegistry(), scheduler.Options{
 				Rand: rand.NewPCG(seed, 0x5c4e), Now: clock, StaleAfter: DefaultStaleAfter, FailOpen: true,
+				IndexMinEndpoints: indexMinEndpoints,
 			})
 			if err != nil {
 				return nil, err
