@@ -579,12 +579,17 @@ func (s *stream) filterData(d *direction, data []byte, eos bool, response bool) 
 	case dataStopIterationAndBuffer:
 		d.buffering = true
 	}
+	over := false
 	if status == dataStopIterationAndBuffer || status == dataStopIterationAndWatermark {
 		// commonHandleBufferData, under the VM's lock: while buffering the
-		// body is readable from other goroutines (the effective context).
+		// body is readable and writable from other goroutines (a tick with
+		// the effective context), so its size is taken here too. In Envoy
+		// the check follows the callback on the same dispatcher thread, with
+		// nothing in between.
 		d.buffered = append(d.buffered, d.chunk...)
 		d.hasBuffer = true
 		d.chunk = nil
+		over = len(d.buffered) > limit
 	}
 	unlock()
 	if s.handleUrgent() || s.finished {
@@ -604,7 +609,7 @@ func (s *stream) filterData(d *direction, data []byte, eos bool, response bool) 
 	case dataStopIterationAndBuffer, dataStopIterationAndWatermark:
 		d.iter = iterStopSingle
 		d.streaming = status == dataStopIterationAndWatermark
-		if len(d.buffered) > limit {
+		if over {
 			s.bufferOverLimit(d, response)
 			return
 		}
