@@ -109,10 +109,8 @@ func (a *Admission) Sync(snap *scheduler.Snapshot, tag uint64) error {
 	}
 	switch {
 	case errors.Is(err, ErrNotFound):
-		// cas 0 would write unconditionally, so two VMs could both
-		// "create" the record and one admission would be lost: create an
-		// empty record first (harmless if two VMs race) and read it back.
-		if err := a.store.Set(a.key, appendRecord(a.writeBuf[:0], 0, nil), 0); err != nil {
+		// Create an empty record and read it back: Admit needs a token.
+		if err := a.create(); err != nil {
 			a.stats.StoreErrors++
 			return fmt.Errorf("flowcontrol: creating %q: %w", a.key, err)
 		}
@@ -144,6 +142,31 @@ func (a *Admission) Sync(snap *scheduler.Snapshot, tag uint64) error {
 		}
 	}
 	return nil
+}
+
+// create writes an empty record unless the key exists by now. Another VM
+// may have created the record and admitted requests into it since this
+// VM's read found nothing, and a write with token 0 is unconditional: it
+// would wipe those admissions, and both VMs would fill the same slots.
+// Shared data has no "create if absent", but a write with a token that no
+// entry of this key can hold does just that: it fails (mismatch) when the
+// key exists and creates it when it does not. Tokens come from one counter
+// for the whole table, one per write, so the token of another key's entry
+// is such a token: the probe key <key>.create, written first.
+func (a *Admission) create() error {
+	probe := a.key + ".create"
+	if err := a.store.Set(probe, nil, 0); err != nil {
+		return err
+	}
+	_, token, err := a.store.GetInto(a.readBuf[:0], probe)
+	if err != nil {
+		return err
+	}
+	err = a.store.Set(a.key, appendRecord(a.writeBuf[:0], 0, nil), token)
+	if errors.Is(err, ErrCASMismatch) {
+		return nil // another VM created it: read it
+	}
+	return err
 }
 
 // Synced reports whether the record was read for snap and tag and nothing

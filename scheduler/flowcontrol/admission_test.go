@@ -219,12 +219,13 @@ func TestPlaceWithFailingStore(t *testing.T) {
 	}
 }
 
-// racingStore refuses every conditional write, as if other VMs always
-// wrote between this VM's read and write.
+// racingStore refuses every conditional write to a key that exists, as if
+// other VMs always wrote between this VM's read and write. (A conditional
+// write to a missing key creates it, as in shared data.)
 type racingStore struct{ MemStore }
 
 func (r *racingStore) Set(key string, v []byte, cas uint32) error {
-	if cas != 0 {
+	if _, _, err := r.MemStore.GetInto(nil, key); cas != 0 && err == nil {
 		return ErrCASMismatch
 	}
 	return r.MemStore.Set(key, v, cas)
