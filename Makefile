@@ -8,7 +8,7 @@ MODULE := github.com/wasm-epp/wasm-epp
 # Native commands built into bin/ (directory under the repo -> binary name).
 CMDS := $(wildcard e2e/cmd/* metricsagent/cmd/*)
 
-.PHONY: help build wasm testplugin cmds run demo test check bench bench-routing bench-flow fuzz images clean
+.PHONY: help build wasm testplugin cmds run demo test race check bench bench-routing bench-flow fuzz images clean
 
 help: ## List targets.
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-16s %s\n", $$1, $$2}'
@@ -33,8 +33,18 @@ run: build ## Start 4 simulated vLLM replicas, the agent and the gateway; Ctrl-C
 demo: build ## Drive a short mixed load through a local stack and print a summary.
 	$(BIN)/wasm-epp-demo
 
-test: build ## Run every test (unit, fuzz corpora, the real .wasm in the test host, end to end).
+test: build ## Run every test (unit, fuzz corpora, the real .wasm in the test host, end to end), then `make race`.
 	WASM_EPP_WASM=$(WASM) WASM_EPP_BIN=$(BIN) $(GO) test -count=1 -timeout 14m ./...
+	@$(MAKE) --no-print-directory race
+
+# The packages where goroutines share state: the scheduler, the agent, the
+# plugin's native tests (proxytest), the test host alone and with the real
+# .wasm (filtertest), the simulator's server and the stack's process
+# handling. BENCHMARKS.md has the time each takes under the race detector.
+RACE_PKGS ?= ./scheduler/... ./metricsagent/... ./plugin/... ./e2e/envoyhost/... ./e2e/filtertest/... ./e2e/vllmsim/... ./e2e/stack/...
+
+race: wasm ## go test -race over RACE_PKGS (part of make test).
+	WASM_EPP_WASM=$(WASM) $(GO) test -race -count=1 -timeout 10m $(RACE_PKGS)
 
 check: ## gofmt, go vet, go mod tidy drift, import boundaries.
 	@out=$$(gofmt -l $$(git ls-files '*.go') 2>/dev/null); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
