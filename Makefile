@@ -71,10 +71,10 @@ bench-flow: cmds ## Flow-control fleet benchmark (about 2 min): today's 429 vs t
 images: ## Build container images (docker/podman/buildah), or print the commands.
 	@build/images.sh
 
-fuzz: ## Run each fuzz target for FUZZTIME (default 30s); corpora are kept in testdata/fuzz.
+fuzz: ## Run each fuzz target for FUZZTIME (default 30s), FUZZFLAGS added (e.g. -parallel=1); corpora are kept in testdata/fuzz.
 	@grep -rl --include='*_test.go' '^func Fuzz' . | while read f; do \
 	  pkg=./$$(dirname $$f); for fn in $$(grep -o '^func Fuzz[A-Za-z0-9_]*' $$f | cut -d' ' -f2); do \
-	    echo "== $$pkg $$fn"; $(GO) test -run '^$$' -fuzz "^$$fn$$" -fuzztime $${FUZZTIME:-30s} $$pkg || exit 1; done; done
+	    echo "== $$pkg $$fn"; $(GO) test -run '^$$' -fuzz "^$$fn$$" -fuzztime $${FUZZTIME:-30s} $${FUZZFLAGS:-} $$pkg || exit 1; done; done
 
 clean: ## Remove build outputs.
 	rm -rf $(BIN)
