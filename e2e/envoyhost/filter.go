@@ -16,7 +16,13 @@ import (
 // common/wasm/context.cc decodeHeaders, decodeData, encodeHeaders,
 // encodeData, log, onDestroy). Every event of a stream is handled on the
 // stream's own goroutine, one at a time, as on an Envoy worker; calls into
-// the VM hold the VM's lock.
+// the VM hold the VM's lock. In Envoy a VM's tick runs on the same worker
+// dispatcher as the streams' callbacks (source/extensions/common/wasm/
+// wasm.cc setTickPeriod: dispatcher_.createTimer), so nothing a tick does
+// through the effective context can interleave with a stream event. Here
+// the tick is a timer goroutine, so what a host call can reach of a stream
+// (header maps, body buffers, the fields below marked vm.mu) is read and
+// written under the VM's lock on the stream goroutine too.
 
 // readChunkSize is how much one downstream or upstream read may deliver.
 const readChunkSize = 16 * 1024
@@ -536,10 +542,14 @@ func (s *stream) filterTrailers(d *direction) {
 func (s *stream) filterData(d *direction, data []byte, eos bool, response bool) {
 	limit := s.lis.cfg.BufferLimitBytes
 	if d.iter.stoppedAll() {
-		// The filter is not called: the filter manager buffers.
+		// The filter is not called: the filter manager buffers (under the
+		// VM's lock, as every write of the body).
+		unlock := s.lockVM()
 		d.buffered = append(d.buffered, data...)
 		d.hasBuffer = true
-		if len(d.buffered) > limit {
+		over := len(d.buffered) > limit
+		unlock()
+		if over {
 			s.bufferOverLimit(d, response)
 		}
 		return
@@ -838,21 +848,26 @@ func (s *stream) writeHeaders(eos bool) {
 		return
 	}
 	s.headersWritten = true
+	// The map is read under the VM's lock: a tick acting on this stream
+	// through the effective context may still write the response headers.
+	unlock := s.lockVM()
+	resp := NewHeaderMap(s.respMap.Pairs()...)
+	unlock()
 	status := http.StatusOK
-	if v, ok := s.respMap.Get(":status"); ok {
+	if v, ok := resp.Get(":status"); ok {
 		if n, err := strconv.Atoi(v); err == nil && n >= 100 && n <= 999 {
 			status = n
 		}
 	}
 	s.responseCode.Store(int64(status))
 	h := s.w.Header()
-	for _, p := range s.respMap.Pairs() {
+	for _, p := range resp.Pairs() {
 		if strings.HasPrefix(p.Key, ":") || hopByHop[p.Key] {
 			continue
 		}
 		h[http.CanonicalHeaderKey(p.Key)] = append(h[http.CanonicalHeaderKey(p.Key)], p.Value)
 	}
-	if _, ok := s.respMap.Get("server"); !ok {
+	if _, ok := resp.Get("server"); !ok {
 		h.Set("Server", "envoy") // the connection manager's server_name
 	}
 	if !s.dec.complete && s.r.ProtoMajor == 1 {
@@ -861,7 +876,7 @@ func (s *stream) writeHeaders(eos bool) {
 		// just the stream.
 		h.Set("Connection", "close")
 	}
-	if _, ok := s.respMap.Get("content-length"); !ok && eos && !isBodilessStatus(status) {
+	if _, ok := resp.Get("content-length"); !ok && eos && !isBodilessStatus(status) {
 		h.Set("Content-Length", "0")
 	}
 	s.w.WriteHeader(status)
@@ -962,12 +977,6 @@ func (s *stream) sendLocalReply(r *localReply) {
 	for _, p := range r.headers {
 		headers.Add(p.Key, p.Value)
 	}
-	body := r.body
-	if s.reqMap != nil {
-		if m, _ := s.reqMap.Get(":method"); m == "HEAD" {
-			body = nil
-		}
-	}
 	if len(r.body) > 0 {
 		headers.Set("content-length", strconv.Itoa(len(r.body)))
 		if _, ok := headers.Get("content-type"); !ok {
@@ -977,17 +986,31 @@ func (s *stream) sendLocalReply(r *localReply) {
 		headers.Remove("content-length")
 		headers.Remove("content-type")
 	}
-	if s.respMap != nil {
+	body := r.body
+	// The request map and the response state are guest-visible: a tick
+	// acting on this stream may be reading or writing them.
+	unlock := s.lockVM()
+	if s.reqMap != nil {
+		if m, _ := s.reqMap.Get(":method"); m == "HEAD" {
+			body = nil
+		}
+	}
+	direct := s.respMap != nil
+	if direct {
 		// sendDirectLocalReply: response headers already went through the
 		// filters; the reply bypasses them.
 		s.respMap = headers
+	} else {
+		s.enc = direction{}
+	}
+	unlock()
+	if direct {
 		s.writeHeaders(len(body) == 0)
 		if len(body) > 0 {
 			s.writeData(body, true)
 		}
 		return
 	}
-	s.enc = direction{}
 	s.encodeHeaders(headers, len(body) == 0)
 	if len(body) > 0 && !s.finished {
 		s.encodeData(body, true)
