@@ -67,26 +67,34 @@ func TestRoomTake(t *testing.T) {
 }
 
 // A large snapshot is decided on the scheduler's index: Take tells it the
-// endpoint it counted changed, so the next request goes to the other
-// endpoint with room, not to the one just taken.
+// endpoint it counted changed, so each next request goes to another
+// endpoint with room, not to one just taken (which the index, once built
+// without hearing of the count, would still show as free).
 func TestRoomTakeUpdatesTheIndex(t *testing.T) {
 	s, err := scheduler.New(scheduler.Config{}, nil, scheduler.Options{Rand: rand.NewPCG(1, 2)})
 	if err != nil {
 		t.Fatal(err)
 	}
-	snap := fleetSnapshot(200, 3) // no room (waiting 3) but on two endpoints
-	snap.Endpoints[7].Metrics.WaitingQueueSize = 0
-	snap.Endpoints[150].Metrics.WaitingQueueSize = 0
+	snap := fleetSnapshot(200, 3) // no room (waiting 3) but on three endpoints
+	free := []int{7, 90, 150}
+	for _, i := range free {
+		snap.Endpoints[i].Metrics.WaitingQueueSize = 0
+	}
 	room := DefaultRoom()
-	var got []int
-	for range 3 {
+	taken := map[int]int{}
+	for range 5 {
 		req := scheduler.Request{Model: "m", TargetModel: "m", Criticality: scheduler.Standard, Admitted: true}
 		res := s.Schedule(&req, snap)
 		if room.Take(snap, res, "m") {
-			got = append(got, res.Index)
+			taken[res.Index]++
 		}
 	}
-	if len(got) != 2 || got[0] == got[1] {
-		t.Fatalf("taken %v, want endpoints 7 and 150 once each", got)
+	if len(taken) != len(free) {
+		t.Fatalf("taken %v, want each of %v once", taken, free)
+	}
+	for _, i := range free {
+		if taken[i] != 1 {
+			t.Fatalf("taken %v, want each of %v once", taken, free)
+		}
 	}
 }
