@@ -135,6 +135,12 @@ type FlowResult struct {
 	// limit (scheduler.DefaultQueueThresholdCritical): slots filled more
 	// than once, e.g. by several VMs acting on one snapshot.
 	OverThreshold int
+	// OverRoom counts released requests sent to a replica whose live
+	// waiting queue was already over flow control's own room test
+	// (Config.Admit.MaxWaiting): they wait at the replica instead of
+	// starting, because another release (this VM's or another's) took
+	// the room first.
+	OverRoom int
 }
 
 // ArrivalOutcome is what became of one arrival (Result.Outcomes).
@@ -347,5 +353,6 @@ func (r *Result) pool(o *Result) {
 	f.Contention += g.Contention
 	f.Admitted += g.Admitted
 	f.OverThreshold += g.OverThreshold
+	f.OverRoom += g.OverRoom
 	r.Outcomes = append(r.Outcomes, o.Outcomes...)
 }

@@ -398,18 +398,22 @@ func (r *FlowReport) Markdown(w io.Writer, command string) {
 
 	fmt.Fprintf(w, "## Cross-VM admission: %s load, %d gateway VMs\n\n", pct(c.VMLoad), c.VMs)
 	fmt.Fprintf(w, "Each VM has its own queue and snapshot copy; `%s` shares admissions through one CAS record (the plugin's), `%s` counts only its own.\n\n", FlowSuffix, FlowSuffix+LocalAdmissionSuffix)
-	fmt.Fprintf(w, "| policy | non-critical refused | critical TTFT p50 / p90 | released | released onto a replica already over the waiting limit | CAS contention put-offs |\n|---|---:|---|---:|---:|---:|\n")
+	fmt.Fprintf(w, "| policy | non-critical refused | critical TTFT p50 / p90 | released | released where the room was already taken (waiting > %d) | released onto a queue over the decision tree's limit (waiting > %d) | CAS contention put-offs |\n|---|---:|---|---:|---:|---:|---:|\n",
+		fc.Admit.MaxWaiting, scheduler.DefaultQueueThresholdCritical)
 	for _, row := range r.Rows {
 		if !strings.Contains(row.Point, "VMs") {
 			continue
 		}
 		res := &row.Result
-		over := "—"
-		if res.Flow.Released > 0 {
-			over = fmt.Sprintf("%d (%.1f%%)", res.Flow.OverThreshold, 100*float64(res.Flow.OverThreshold)/float64(res.Flow.Released))
+		share := func(n int) string {
+			if res.Flow.Released == 0 {
+				return "—"
+			}
+			return fmt.Sprintf("%d (%.1f%%)", n, 100*float64(n)/float64(res.Flow.Released))
 		}
-		fmt.Fprintf(w, "| %s | %d (%.1f%%) | %s / %s | %d | %s | %d |\n", row.Policy, res.NonCritical().Refused, 100*refusedShare(res.Classes),
-			dur(res.Classes[scheduler.Critical].TTFT.P50), dur(res.Classes[scheduler.Critical].TTFT.P90), res.Flow.Released, over, res.Flow.Contention)
+		fmt.Fprintf(w, "| %s | %d (%.1f%%) | %s / %s | %d | %s | %s | %d |\n", row.Policy, res.NonCritical().Refused, 100*refusedShare(res.Classes),
+			dur(res.Classes[scheduler.Critical].TTFT.P50), dur(res.Classes[scheduler.Critical].TTFT.P90), res.Flow.Released,
+			share(res.Flow.OverRoom), share(res.Flow.OverThreshold), res.Flow.Contention)
 	}
 	fmt.Fprintf(w, "\n(%d runs in %.0f s of wall time.)\n", len(r.Rows)*seeds, r.Elapsed.Seconds())
 }

@@ -529,8 +529,14 @@ func runOnce(cfg RunConfig, into *samples) (Result, error) {
 			if f.measured {
 				into.wait = append(into.wait, waited)
 			}
-			if r.Index >= 0 && r.Index < len(reps) && reps[r.Index].Metrics().Waiting > scheduler.DefaultQueueThresholdCritical {
-				flow.res.OverThreshold++
+			if r.Index >= 0 && r.Index < len(reps) {
+				w := reps[r.Index].Metrics().Waiting
+				if w > scheduler.DefaultQueueThresholdCritical {
+					flow.res.OverThreshold++
+				}
+				if w > flow.cfg.Admit.MaxWaiting {
+					flow.res.OverRoom++
+				}
 			}
 			if err := send(f, r.Index, now); err != nil && releaseErr == nil {
 				releaseErr = err
