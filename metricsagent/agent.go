@@ -19,13 +19,18 @@ type Agent struct {
 	disc     Discoverer
 	scraper  *Scraper
 	envoys   EnvoyTargets
-	pusher   *Pusher
-	config   *ConfigPublisher
-	before   func()
-	now      func() time.Time
-	log      *slog.Logger
-	metrics  *Metrics
-	limits   wire.Limits
+	// configEnvoys, when set, get the configuration record instead of
+	// envoys (metrics go to aggregators, the record to the Envoys).
+	configEnvoys EnvoyTargets
+	pusher       *Pusher
+	config       *ConfigPublisher
+	wireVersion  int
+	enc          wire.BlockEncoder
+	before       func()
+	now          func() time.Time
+	log          *slog.Logger
+	metrics      *Metrics
+	limits       wire.Limits
 
 	seq      uint64
 	pods     map[TargetKey]*podState
@@ -65,7 +70,12 @@ type Options struct {
 	Discoverer Discoverer
 	Scraper    *Scraper
 	Envoys     EnvoyTargets
-	Pusher     *Pusher
+	// ConfigEnvoys, when set, are where the configuration record goes
+	// when Envoys are not the Envoys themselves (aggregators).
+	ConfigEnvoys EnvoyTargets
+	// WireVersion is the push format: 2 (default) or 1.
+	WireVersion int
+	Pusher      *Pusher
 	// Config, when set, publishes the configuration record each cycle to
 	// the same Envoy targets.
 	Config *ConfigPublisher
@@ -83,7 +93,11 @@ func NewAgent(o Options) *Agent {
 	if o.Now == nil {
 		o.Now = time.Now
 	}
+	if o.WireVersion == 0 {
+		o.WireVersion = 2
+	}
 	return &Agent{
+		configEnvoys: o.ConfigEnvoys, wireVersion: o.WireVersion,
 		id: o.AgentID, interval: o.Interval, disc: o.Discoverer, scraper: o.Scraper,
 		envoys: o.Envoys, pusher: o.Pusher, config: o.Config, before: o.BeforeCycle, now: o.Now, log: o.Log, metrics: o.Metrics, limits: o.Limits,
 		// The sequence starts at the current Unix time in nanoseconds and
@@ -223,7 +237,14 @@ func (a *Agent) Cycle(ctx context.Context) []byte {
 	eps, unhealthy := a.endpoints()
 	a.seq++
 	p := &wire.Push{AgentID: a.id, Seq: a.seq, SendTime: a.now(), Endpoints: eps}
-	payload, err := wire.EncodePush(p, a.limits)
+	var payload []byte
+	var err error
+	if a.wireVersion == 1 {
+		payload, err = wire.EncodePush(p, a.limits)
+	} else {
+		// A new slice each cycle: the pushers still hold the previous one.
+		payload, err = a.enc.AppendAgentPush(nil, p, a.limits)
+	}
 	if err != nil {
 		// Only possible if more pods than the wire limit were discovered:
 		// nothing is pushed, the receiver lets this node's endpoints age.
@@ -233,7 +254,11 @@ func (a *Agent) Cycle(ctx context.Context) []byte {
 	envoys := a.envoys.Targets(ctx)
 	a.pusher.Publish(envoys, payload)
 	if a.config != nil {
-		a.config.Publish(envoys, a.now())
+		cfgEnvoys := envoys
+		if a.configEnvoys != nil {
+			cfgEnvoys = a.configEnvoys.Targets(ctx)
+		}
+		a.config.Publish(cfgEnvoys, a.now())
 	}
 
 	a.metrics.EndpointsReported.Set(float64(len(eps)))

@@ -86,7 +86,7 @@ func (s *sink) serve(w http.ResponseWriter, r *http.Request) {
 		s.serveConfig(w, b)
 		return
 	}
-	p, err := wire.DecodePush(b, wire.Limits{})
+	p, err := wire.DecodeAgentPush(b, wire.Limits{})
 	if err != nil {
 		http.Error(w, err.Error(), http.StatusBadRequest)
 		return

@@ -24,6 +24,9 @@ const TokenEnv = EnvPrefix + "PUSH_TOKEN"
 
 // Config is everything the agent command reads from flags and environment.
 type Config struct {
+	// Mode is ModeAgent (scrape and push) or ModeAggregator (relay agents'
+	// pushes to the Envoys, aggregator.go).
+	Mode    string
 	AgentID string
 
 	// Discovery: Targets for static targets, else Kubernetes.
@@ -64,6 +67,22 @@ type Config struct {
 	PushTimeout     time.Duration
 	PushTokenFile   string
 	PushToken       string // from TokenEnv only
+	// WireVersion is the push format (2; 1 for plugins older than the
+	// segmented shared-data layout).
+	WireVersion int
+
+	// Agents push to aggregators (Aggregators or AggregatorDNS) when set,
+	// falling back to the Envoys after FallbackAfter without an accepted
+	// push.
+	Aggregators   string
+	AggregatorDNS string
+	FallbackAfter time.Duration
+
+	// Aggregator mode: where agents push to, how often every block is
+	// relayed again, when a silent agent is forgotten.
+	AggregatorListen string
+	RelayFullEvery   time.Duration
+	AgentTTL         time.Duration
 
 	Listen    string
 	Pprof     bool
@@ -71,6 +90,12 @@ type Config struct {
 	LogLevel  slog.Level
 	LogFormat string
 }
+
+// Modes of the binary (--mode).
+const (
+	ModeAgent      = "agent"
+	ModeAggregator = "aggregator"
+)
 
 // EnvName returns the environment variable that stands for flag name.
 func EnvName(flagName string) string {
@@ -81,6 +106,7 @@ func EnvName(flagName string) string {
 func newFlagSet(cfg *Config, kvNames *string, logLevel *string) *flag.FlagSet {
 	fs := flag.NewFlagSet("metricsagent", flag.ContinueOnError)
 	d := DefaultMetricNames()
+	fs.StringVar(&cfg.Mode, "mode", ModeAgent, "agent: scrape this node's pods and push; aggregator: take the agents' pushes and relay them to every Envoy, one push per interval")
 	fs.StringVar(&cfg.AgentID, "agent-id", "", "id sent with every push; default: the node name, else the host name")
 	fs.StringVar(&cfg.Targets, "targets", "", "static pods to scrape, host:port,... (local runs); empty: discover pods on Kubernetes")
 	fs.StringVar(&cfg.PodSelector, "pod-selector", "", "Kubernetes label selector of the vLLM pods, e.g. app=vllm (required without --targets)")
@@ -110,6 +136,13 @@ func newFlagSet(cfg *Config, kvNames *string, logLevel *string) *flag.FlagSet {
 	fs.StringVar(&cfg.PushPath, "push-path", wire.PushPath, "HTTP path of the plugin's receiver")
 	fs.DurationVar(&cfg.PushTimeout, "push-timeout", 200*time.Millisecond, "timeout of one push to one Envoy (others are not held up by it)")
 	fs.StringVar(&cfg.PushTokenFile, "push-token-file", "", "file holding the push bearer token (a mounted Secret); or set "+TokenEnv)
+	fs.IntVar(&cfg.WireVersion, "wire-version", 2, "push format: 2, or 1 for plugins older than the segmented shared-data layout (upgrade the plugin first: it reads both)")
+	fs.StringVar(&cfg.Aggregators, "aggregators", "", "aggregators to push to, host:port,... (instead of every Envoy; Envoys get pushes directly only while no aggregator accepts them)")
+	fs.StringVar(&cfg.AggregatorDNS, "aggregator-dns", "", "name:port of the aggregators' headless Service (instead of --aggregators)")
+	fs.DurationVar(&cfg.FallbackAfter, "fallback-after", 500*time.Millisecond, "push to every Envoy directly once no aggregator has accepted a push for this long")
+	fs.StringVar(&cfg.AggregatorListen, "aggregator-listen", ":9200", "aggregator mode: address taking the agents' pushes (path --push-path)")
+	fs.DurationVar(&cfg.RelayFullEvery, "relay-full-every", time.Second, "aggregator mode: relay every agent's block at least this often (an Envoy that restarted is whole again within it)")
+	fs.DurationVar(&cfg.AgentTTL, "agent-ttl", 10*time.Second, "aggregator mode: stop relaying an agent not heard from for this long")
 	fs.StringVar(&cfg.Listen, "listen", ":9100", "address of /metrics, /healthz and /readyz")
 	fs.IntVar(&cfg.MaxProcs, "max-procs", 1, "GOMAXPROCS for the agent; 1 suits this I/O-bound work (no wake-ups across threads, a third less CPU at 100 pods); 0 keeps Go's default")
 	fs.BoolVar(&cfg.Pprof, "pprof", false, "also serve Go's /debug/pprof/ on --listen (profiling; keep off in production)")
@@ -178,14 +211,55 @@ func (c *Config) validate() error {
 	if c.Interval <= 0 {
 		bad("--interval must be positive")
 	}
-	if c.ScrapeTimeout <= 0 || c.ScrapeTimeout >= c.Interval {
-		bad("--scrape-timeout %v must be positive and shorter than --interval %v", c.ScrapeTimeout, c.Interval)
-	}
 	if c.PushTimeout <= 0 {
 		bad("--push-timeout must be positive")
 	}
+	if (c.EnvoyTargets == "") == (c.EnvoyDNS == "") {
+		bad("set exactly one of --envoy-targets and --envoy-dns")
+	}
+	if c.EnvoyDNSRefresh < 0 {
+		bad("--envoy-dns-refresh must not be negative")
+	}
+	if c.PushTokenFile == "" && c.PushToken == "" {
+		bad("no push token: set --push-token-file or %s", TokenEnv)
+	}
 	if c.MaxProcs < 0 {
 		bad("--max-procs must not be negative")
+	}
+	if c.LogFormat != "json" && c.LogFormat != "text" {
+		bad("--log-format %q: want json or text", c.LogFormat)
+	}
+	switch c.Mode {
+	case ModeAgent:
+	case ModeAggregator:
+		if c.AggregatorListen == "" {
+			bad("aggregator mode needs --aggregator-listen")
+		}
+		if c.RelayFullEvery < c.Interval || c.AgentTTL <= 0 {
+			bad("--relay-full-every must be at least --interval and --agent-ttl positive")
+		}
+		if c.Targets != "" || c.PodSelector != "" || c.InferencePool != "" || c.Aggregators != "" || c.AggregatorDNS != "" {
+			bad("aggregator mode scrapes nothing and relays to the Envoys itself: --targets, --pod-selector, --inference-pool, --aggregators and --aggregator-dns are for agents")
+		}
+		if !strings.HasPrefix(c.PushPath, "/") {
+			bad("--push-path must start with /")
+		}
+		return errors.Join(errs...)
+	default:
+		bad("--mode %q: want %s or %s", c.Mode, ModeAgent, ModeAggregator)
+		return errors.Join(errs...)
+	}
+	if c.WireVersion != 1 && c.WireVersion != 2 {
+		bad("--wire-version %d: want 1 or 2", c.WireVersion)
+	}
+	if c.Aggregators != "" && c.AggregatorDNS != "" {
+		bad("--aggregators and --aggregator-dns exclude each other")
+	}
+	if (c.Aggregators != "" || c.AggregatorDNS != "") && (c.WireVersion != 2 || c.FallbackAfter <= 0) {
+		bad("pushing to aggregators needs --wire-version 2 and a positive --fallback-after")
+	}
+	if c.ScrapeTimeout <= 0 || c.ScrapeTimeout >= c.Interval {
+		bad("--scrape-timeout %v must be positive and shorter than --interval %v", c.ScrapeTimeout, c.Interval)
 	}
 	if c.MaxBodyBytes <= 0 || c.MaxBodyBytes > maxBodyLimit {
 		bad("--max-body-bytes must be between 1 and %d (256 MiB)", maxBodyLimit)
@@ -225,23 +299,11 @@ func (c *Config) validate() error {
 	if !strings.HasPrefix(c.ConfigPushPath, "/") || c.ConfigPushPath == c.PushPath {
 		bad("--config-push-path must start with / and differ from --push-path")
 	}
-	if (c.EnvoyTargets == "") == (c.EnvoyDNS == "") {
-		bad("set exactly one of --envoy-targets and --envoy-dns")
-	}
-	if c.EnvoyDNSRefresh < 0 {
-		bad("--envoy-dns-refresh must not be negative")
-	}
 	if !strings.HasPrefix(c.PushPath, "/") || !strings.HasPrefix(c.MetricsPath, "/") {
 		bad("--push-path and --metrics-path must start with /")
 	}
-	if c.PushTokenFile == "" && c.PushToken == "" {
-		bad("no push token: set --push-token-file or %s", TokenEnv)
-	}
 	if c.Names.Waiting == "" || c.Names.Running == "" || len(c.Names.KVUsage) == 0 {
 		bad("--metric-waiting, --metric-running and --metric-kv-usage must not be empty")
-	}
-	if c.LogFormat != "json" && c.LogFormat != "text" {
-		bad("--log-format %q: want json or text", c.LogFormat)
 	}
 	return errors.Join(errs...)
 }

@@ -21,6 +21,8 @@ import (
 	corev1client "k8s.io/client-go/kubernetes/typed/core/v1"
 	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/klog/v2"
+
+	"github.com/wasm-epp/wasm-epp/scheduler/wire"
 )
 
 // Main runs the agent until ctx ends (the command cancels it on SIGTERM)
@@ -56,6 +58,9 @@ func newLogger(cfg Config, w io.Writer) *slog.Logger {
 }
 
 func run(ctx context.Context, cfg Config, log *slog.Logger) error {
+	if cfg.Mode == ModeAggregator {
+		return runAggregator(ctx, cfg, log)
+	}
 	if cfg.AgentID == "" {
 		cfg.AgentID = cfg.NodeName
 	}
@@ -98,11 +103,24 @@ func run(ctx context.Context, cfg Config, log *slog.Logger) error {
 		defer configPusher.Close()
 		publisher = &ConfigPublisher{Payload: sync.Payload, Pusher: configPusher, Resend: cfg.ConfigResend}
 	}
-	agent := NewAgent(Options{
+	opts := Options{
 		AgentID: cfg.AgentID, Interval: cfg.Interval, Discoverer: disc,
 		Scraper: &Scraper{Timeout: cfg.ScrapeTimeout, MaxBodyBytes: cfg.MaxBodyBytes, Names: cfg.Names, AskForNames: cfg.AskForNames},
 		Envoys:  envoys, Pusher: pusher, Config: publisher, BeforeCycle: beforeCycle, Log: log, Metrics: metrics,
-	})
+		WireVersion: cfg.WireVersion,
+	}
+	if cfg.Aggregators != "" || cfg.AggregatorDNS != "" {
+		aggs, err := newTargets(cfg.Aggregators, cfg.AggregatorDNS, "aggregator", cfg, log, metrics)
+		if err != nil {
+			return err
+		}
+		failover := &FailoverTargets{Aggregators: aggs, Envoys: envoys, FallbackAfter: cfg.FallbackAfter,
+			RecoverAfter: 2 * cfg.FallbackAfter, Now: time.Now, Log: log,
+			Direct: func(direct bool) { metrics.DirectPushes.Set(boolGauge(direct)) }}
+		pusher.Sent = failover.Observe
+		opts.Envoys, opts.ConfigEnvoys = failover, envoys
+	}
+	agent := NewAgent(opts)
 
 	ln, err := net.Listen("tcp", cfg.Listen)
 	if err != nil {
@@ -249,15 +267,98 @@ func newDiscoverer(ctx context.Context, cfg Config, kube *kubeClients, sync *Con
 }
 
 func newEnvoyTargets(cfg Config, log *slog.Logger, m *Metrics) (EnvoyTargets, error) {
-	if cfg.EnvoyTargets != "" {
-		return ParseStaticEnvoys(cfg.EnvoyTargets)
+	return newTargets(cfg.EnvoyTargets, cfg.EnvoyDNS, "envoy", cfg, log, m)
+}
+
+// newTargets is a static list, or the addresses behind a DNS name.
+func newTargets(static, dns, what string, cfg Config, log *slog.Logger, m *Metrics) (EnvoyTargets, error) {
+	if static != "" {
+		t, err := ParseStaticEnvoys(static)
+		if err != nil {
+			return nil, fmt.Errorf("%s targets: %w", what, err)
+		}
+		return t, nil
 	}
-	name, port, err := ParseEnvoyDNS(cfg.EnvoyDNS)
+	name, port, err := ParseEnvoyDNS(dns)
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("%s dns: %w", what, err)
 	}
 	return &DNSEnvoys{Name: name, Port: port, Resolver: net.DefaultResolver, Refresh: cfg.EnvoyDNSRefresh,
-		Timeout: cfg.Interval, Now: time.Now, Log: log, Errors: m.DNSErrors}, nil
+		Timeout: cfg.Interval, Now: time.Now, Log: log.With("targets", what), Errors: m.DNSErrors}, nil
+}
+
+func boolGauge(b bool) float64 {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+// runAggregator runs the binary in aggregator mode until ctx ends: it takes
+// the agents' pushes on --aggregator-listen and relays them to every Envoy
+// (aggregator.go).
+func runAggregator(ctx context.Context, cfg Config, log *slog.Logger) error {
+	name := cfg.AgentID
+	if name == "" {
+		h, err := os.Hostname()
+		if err != nil {
+			return fmt.Errorf("no --agent-id and no host name: %w", err)
+		}
+		name = h
+	}
+	reg := prometheus.NewRegistry()
+	metrics := NewMetrics(reg)
+	am := NewAggregatorMetrics(reg)
+	envoys, err := newEnvoyTargets(cfg, log, metrics)
+	if err != nil {
+		return err
+	}
+	token := &TokenSource{File: cfg.PushTokenFile, Value: cfg.PushToken, Refresh: 10 * time.Second}
+	if _, err := token.Token(); err != nil {
+		return err
+	}
+	lim := wire.Limits{AgentTTL: cfg.AgentTTL}
+	store := NewAggregatorStore(lim.Resolved(), cfg.AgentTTL)
+	relayer := &Relayer{Store: store, Sender: name, Envoys: envoys, Interval: cfg.Interval, FullEvery: cfg.RelayFullEvery,
+		Client: NewPushClient(), Path: cfg.PushPath, Timeout: cfg.PushTimeout, Token: token, Now: time.Now, Log: log, Metrics: am}
+
+	pushLn, err := net.Listen("tcp", cfg.AggregatorListen)
+	if err != nil {
+		return fmt.Errorf("--aggregator-listen: %w", err)
+	}
+	healthLn, err := net.Listen("tcp", cfg.Listen)
+	if err != nil {
+		pushLn.Close()
+		return fmt.Errorf("--listen: %w", err)
+	}
+	pushSrv := &http.Server{Handler: AggregatorHandler(store, cfg.PushPath, token, int64(lim.Resolved().MaxPushBytes), time.Now, am, log),
+		ReadHeaderTimeout: 5 * time.Second}
+	healthSrv := &http.Server{Handler: Handler(reg, func() bool { return true }), ReadHeaderTimeout: 5 * time.Second}
+	serveErr := make(chan error, 2)
+	go func() { serveErr <- pushSrv.Serve(pushLn) }()
+	go func() { serveErr <- healthSrv.Serve(healthLn) }()
+	log.Info("metricsagent aggregator started", "name", name, "listen", pushLn.Addr().String(), "health", healthLn.Addr().String(),
+		"interval", cfg.Interval, "relay_full_every", cfg.RelayFullEvery, "envoy_targets", cfg.EnvoyTargets, "envoy_dns", cfg.EnvoyDNS)
+
+	runCtx, stop := context.WithCancel(ctx)
+	relayDone := make(chan struct{})
+	go func() { relayer.Run(runCtx); close(relayDone) }()
+	select {
+	case <-ctx.Done():
+		log.Info("shutting down")
+	case err = <-serveErr:
+		err = fmt.Errorf("aggregator server: %w", err)
+	}
+	stop()
+	<-relayDone
+	shutdownCtx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	for _, srv := range []*http.Server{pushSrv, healthSrv} {
+		if serr := srv.Shutdown(shutdownCtx); serr != nil && err == nil {
+			err = serr
+		}
+	}
+	return err
 }
 
 // Handler serves /metrics from reg, /healthz (the process answers) and

@@ -20,6 +20,9 @@ type Metrics struct {
 	PushBytes          prometheus.Gauge
 	EnvoyTargets       prometheus.Gauge
 	DNSErrors          prometheus.Counter
+	// DirectPushes is 1 while no aggregator accepts pushes and the agent
+	// pushes to the Envoys itself (FailoverTargets).
+	DirectPushes prometheus.Gauge
 
 	// The model table from Kubernetes objects (ConfigSync) and its pushes.
 	ConfigObjects      *prometheus.GaugeVec     // kind, state
@@ -71,6 +74,9 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		DNSErrors: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "wasm_epp_agent_envoy_dns_errors_total", Help: "Failed lookups of --envoy-dns (the previous addresses are kept).",
 		}),
+		DirectPushes: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "wasm_epp_agent_direct_pushes", Help: "1 while no aggregator accepts pushes and the agent pushes to every Envoy itself; 0 otherwise (or without aggregators).",
+		}),
 		ConfigObjects: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "wasm_epp_agent_config_objects", Help: "InferenceObjectives and InferenceModelRewrites of the pool, by kind and state (accepted, rejected).",
 		}, []string{"kind", "state"}),
@@ -100,7 +106,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		}, []string{"result"}),
 	}
 	reg.MustRegister(m.ScrapeDuration, m.ScrapeErrors, m.PageParses, m.PushDuration, m.PushErrors, m.EndpointsReported,
-		m.EndpointsUnhealthy, m.CycleDuration, m.PushBytes, m.EnvoyTargets, m.DNSErrors,
+		m.EndpointsUnhealthy, m.CycleDuration, m.PushBytes, m.EnvoyTargets, m.DNSErrors, m.DirectPushes,
 		m.ConfigObjects, m.ConfigRejected, m.ConfigConflicts, m.ConfigTableEntries, m.ConfigPayloadBytes, m.ConfigBuilds,
 		m.ConfigPushDuration, m.ConfigPushErrors, m.StatusWrites,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))

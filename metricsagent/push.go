@@ -309,19 +309,27 @@ func (p *Pusher) send(w *pushWorker, payload []byte) {
 const maxReplyBytes = 512
 
 func (p *Pusher) post(w *pushWorker, payload []byte) (reason string, err error) {
-	token, err := p.Token.Token()
+	return postPayload(w.ctx, p.Client, "http://"+w.target+p.Path, p.Token, p.Timeout, payload, p.Delivered)
+}
+
+// postPayload POSTs one payload with the bearer token and returns why it
+// failed ("" when the answer was 2xx, or a status delivered accepts): the
+// reason is a metric label (token, request, timeout, connect, http_<code>).
+func postPayload(parent context.Context, client *http.Client, url string, token *TokenSource, timeout time.Duration,
+	payload []byte, delivered func(int) bool) (reason string, err error) {
+	tok, err := token.Token()
 	if err != nil {
 		return "token", err
 	}
-	ctx, cancel := context.WithTimeout(w.ctx, p.Timeout)
+	ctx, cancel := context.WithTimeout(parent, timeout)
 	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://"+w.target+p.Path, bytes.NewReader(payload))
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader(payload))
 	if err != nil {
 		return "request", err
 	}
-	req.Header.Set("Authorization", "Bearer "+token)
+	req.Header.Set("Authorization", "Bearer "+tok)
 	req.Header.Set("Content-Type", wire.ContentType)
-	resp, err := p.Client.Do(req)
+	resp, err := client.Do(req)
 	if err != nil {
 		if ctx.Err() != nil {
 			return "timeout", err
@@ -331,7 +339,7 @@ func (p *Pusher) post(w *pushWorker, payload []byte) (reason string, err error) 
 	defer resp.Body.Close()
 	reply, _ := io.ReadAll(io.LimitReader(resp.Body, maxReplyBytes))
 	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10)) // let the connection be reused
-	if resp.StatusCode/100 != 2 && (p.Delivered == nil || !p.Delivered(resp.StatusCode)) {
+	if resp.StatusCode/100 != 2 && (delivered == nil || !delivered(resp.StatusCode)) {
 		return "http_" + strconv.Itoa(resp.StatusCode), fmt.Errorf("status %d: %s", resp.StatusCode, strings.TrimSpace(string(reply)))
 	}
 	return "", nil

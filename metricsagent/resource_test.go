@@ -99,7 +99,7 @@ func TestResourceUsage(t *testing.T) {
 	var pushes, full atomic.Int64
 	envoy := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		b, _ := io.ReadAll(r.Body)
-		p, err := wire.DecodePush(b, wire.Limits{})
+		p, err := wire.DecodeAgentPush(b, wire.Limits{})
 		if err != nil || r.Header.Get("Authorization") != "Bearer bench" {
 			http.Error(w, "bad push", http.StatusBadRequest)
 			return

@@ -160,9 +160,10 @@ func benchmarkMainPlugin(b *testing.B, code []byte, pluginConfig, variant string
 		b.Run(fmt.Sprintf("endpoints=%d/%s", n, variant), func(b *testing.B) {
 			h := newHarness(b, trivialGuestPkg, withWorkers(1), withAllowStopIteration(), withPluginConfig(pluginConfig),
 				func(_ *Config, p *PluginConfig) { p.VM.Code = code })
-			// Scraped "in the future": fresh however long the benchmark runs.
-			h.host.shared.set("test-vm", cfg.SnapshotKey(), benchSnapshot(b, n, time.Now().Add(time.Hour)), 0)
-			h.host.shared.set("test-vm", cfg.SnapshotVersionKey(), []byte{1, 0, 0, 0, 0, 0, 0, 0}, 0)
+			// Stored "in the future": fresh however long the benchmark runs.
+			benchSnapshot(b, n, time.Now().Add(time.Hour)).Each(func(key string, value []byte) {
+				h.host.shared.set("test-vm", key, value, 0)
+			})
 			vm, root := workerVM(b, h)
 			reqHeaders := NewHeaderMap(Pair{":authority", "gw"}, Pair{":path", "/v1/chat/completions"},
 				Pair{":method", "POST"}, Pair{":scheme", "http"}, Pair{"content-type", "application/json"},
@@ -196,21 +197,20 @@ func benchmarkMainPlugin(b *testing.B, code []byte, pluginConfig, variant string
 	}
 }
 
-// benchSnapshot is a stored snapshot of n endpoints (varied load and
-// adapters), scraped at scrape.
-func benchSnapshot(b testing.TB, n int, scrape time.Time) []byte {
+// benchSnapshot is shared data holding n endpoints (varied load and
+// adapters), as the receiver stores them at now.
+func benchSnapshot(b testing.TB, n int, now time.Time) *wire.MemStore {
 	eps := make([]wire.EndpointState, n)
 	for i := range eps {
 		eps[i] = wire.EndpointState{
 			Namespace: "llm", Name: fmt.Sprintf("vllm-%03d", i),
 			Address: netip.AddrFrom4([4]byte{10, 0, byte(i / 200), byte(i%200 + 1)}), Port: 8000,
 			Waiting: uint32(i % 4), Running: uint32(5 + i%11), KVCacheUsage: float64(i%70) / 100,
-			MaxAdapters: 4, ActiveAdapters: []string{fmt.Sprintf("adapter-%d", i%5)}, ScrapeTime: scrape,
+			MaxAdapters: 4, ActiveAdapters: []string{fmt.Sprintf("adapter-%d", i%5)}, ScrapeTime: now,
 		}
 	}
 	wire.Normalize(eps)
-	stored, err := wire.EncodeStored(&wire.Stored{Agents: []wire.AgentState{{
-		AgentID: "agent", LastSeq: 1, Received: time.Now(), Endpoints: eps}}}, wire.DefaultLimits())
-	require.NoError(b, err)
-	return stored
+	st := &wire.MemStore{}
+	require.NoError(b, wire.Fill(st, wire.DefaultKeyPrefix, "agent", 1, eps, now))
+	return st
 }

@@ -26,8 +26,9 @@ func prefixHarness(t testing.TB, workers, n int, profile string) (*harness, *con
 	require.NoError(t, err)
 	h := newHarness(t, trivialGuestPkg, withWorkers(workers), withAllowStopIteration(), withPluginConfig(pluginConfig),
 		func(_ *Config, p *PluginConfig) { p.VM.Code = code })
-	h.host.shared.set("test-vm", cfg.SnapshotKey(), benchSnapshot(t, n, time.Now().Add(time.Hour)), 0)
-	h.host.shared.set("test-vm", cfg.SnapshotVersionKey(), []byte{1, 0, 0, 0, 0, 0, 0, 0}, 0)
+	benchSnapshot(t, n, time.Now().Add(time.Hour)).Each(func(key string, value []byte) {
+		h.host.shared.set("test-vm", key, value, 0)
+	})
 	return h, cfg
 }
 

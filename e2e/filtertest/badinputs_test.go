@@ -13,6 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/wasm-epp/wasm-epp/e2e/envoyhost"
+	"github.com/wasm-epp/wasm-epp/scheduler/wire"
 )
 
 // TestBadInputRequests sends every bad request we know of (rows 1-16,
@@ -193,8 +194,12 @@ func TestBadInputFreshness(t *testing.T) {
 			assert.Equal(t, "no_endpoint", code)
 			assert.NotEmpty(t, msg)
 		}
-		_, _, found := s.host.SharedData(vmID, snapshotKey)
-		assert.False(t, found, "the router wrote nothing")
+		// The receiver created the keys empty at its start; nothing since.
+		dir, _, found := s.host.SharedData(vmID, versionKey)
+		require.True(t, found)
+		var d wire.Directory
+		require.NoError(t, wire.DecodeDirectory(dir, &d))
+		assert.Equal(t, wire.Directory{}, d, "the router wrote nothing")
 		assert.Equal(t, "wasm_epp_no_endpoint", s.routerAccessFor("/v1/completions?no-endpoint").Details)
 	})
 	t.Run("16 sheddable, every endpoint saturated", func(t *testing.T) {

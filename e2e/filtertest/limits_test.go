@@ -143,11 +143,9 @@ func TestPushLimitBoundaryInHost(t *testing.T) {
 		for _, chunked := range []bool{false, true} {
 			s := startStack(t, routerConfig, 0, withLimit(n))
 			require.Equal(t, http.StatusNoContent, pushReq(t, s, chunked), "chunked %v", chunked)
-			snap, _, _ := s.host.SharedData(vmID, snapshotKey)
-			st, err := wire.DecodeStored(snap, wire.DefaultLimits())
-			require.NoError(t, err)
-			require.Len(t, st.Agents, 1)
-			assert.Equal(t, "pod-x", st.Agents[0].Endpoints[0].Name)
+			snap := s.snapshot()
+			require.Len(t, snap.Endpoints, 1)
+			assert.Equal(t, "pod-x", snap.Endpoints[0].ID.Name)
 		}
 	})
 	t.Run("one byte over", func(t *testing.T) {
@@ -159,7 +157,6 @@ func TestPushLimitBoundaryInHost(t *testing.T) {
 			"POST %s HTTP/1.1\r\nHost: envoy\r\nAuthorization: Bearer %s\r\nContent-Length: %d\r\n\r\n", pushPath, pushToken, n))
 		assert.Equal(t, http.StatusRequestEntityTooLarge, resp.StatusCode, "refused from the declared length")
 		assert.Equal(t, uint64(3), s.stat("wasm_epp.receiver.too_large"))
-		_, _, found := s.host.SharedData(vmID, snapshotKey)
-		assert.False(t, found, "nothing stored")
+		assert.Empty(t, s.snapshot().Endpoints, "nothing stored")
 	})
 }

@@ -22,8 +22,10 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/wasm-epp/wasm-epp/e2e/envoyhost"
+	"github.com/wasm-epp/wasm-epp/e2e/internal/hosttest"
 	"github.com/wasm-epp/wasm-epp/e2e/internal/logcapture"
 	"github.com/wasm-epp/wasm-epp/e2e/internal/wasmbuild"
+	"github.com/wasm-epp/wasm-epp/scheduler"
 	"github.com/wasm-epp/wasm-epp/scheduler/wire"
 )
 
@@ -45,33 +47,13 @@ const (
 
 // The shared-data keys of the default configuration.
 var (
-	snapshotKey = wire.SnapshotKey(wire.DefaultKeyPrefix)
-	versionKey  = snapshotKey + ".version"
+	// The agent's segment and the directory: what a push writes.
+	snapshotKey = sharedKeys.Segments[wire.SegmentOf([]byte("node-1"))]
+	versionKey  = sharedKeys.Dir
 )
 
 // t0 is the host's (and so the plugin's) wall clock at start.
 var t0 = time.Unix(1_750_000_000, 0)
-
-// testClock is the host clock: the guest's realtime clock reads it, so
-// staleness is decided by the test; timers run in real time.
-type testClock struct {
-	mu  sync.Mutex
-	now time.Time
-}
-
-func (c *testClock) Now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.now
-}
-
-func (c *testClock) Advance(d time.Duration) {
-	c.mu.Lock()
-	c.now = c.now.Add(d)
-	c.mu.Unlock()
-}
-
-func (c *testClock) AfterFunc(d time.Duration, f func()) envoyhost.Timer { return time.AfterFunc(d, f) }
 
 // podServer is a loopback HTTP server standing in for one vLLM pod: it
 // records what reached it and answers with its name.
@@ -135,7 +117,7 @@ type podState struct {
 type stack struct {
 	t      testing.TB
 	host   *envoyhost.Host
-	clock  *testClock
+	clock  *hosttest.Clock
 	logs   *logcapture.Handler
 	pods   []*podServer
 	router string // base URL
@@ -166,7 +148,7 @@ func startStack(t testing.TB, routerConfig string, nPods int, opts ...stackOpt) 
 
 func tryStartStack(t testing.TB, code []byte, routerConfig string, nPods int, opts ...stackOpt) (*stack, error) {
 	t.Helper()
-	s := &stack{t: t, clock: &testClock{now: t0}, logs: logcapture.New(slog.LevelDebug),
+	s := &stack{t: t, clock: hosttest.NewClock(t0), logs: logcapture.New(slog.LevelDebug),
 		client: &http.Client{Timeout: 20 * time.Second, Transport: &http.Transport{MaxIdleConnsPerHost: 4}}}
 	t.Cleanup(s.client.CloseIdleConnections)
 	for i := 0; i < nPods; i++ {
@@ -336,11 +318,22 @@ func (s *stack) stat(name string) uint64 {
 	return v
 }
 
-// shared returns the stored snapshot and version with their cas values.
+var sharedKeys = wire.NewKeys(wire.DefaultKeyPrefix)
+
+// shared returns the stored agent segment and the directory with their
+// cas values.
 func (s *stack) shared() (snap []byte, snapCas uint32, ver []byte, verCas uint32) {
 	snap, snapCas, _ = s.host.SharedData(vmID, snapshotKey)
 	ver, verCas, _ = s.host.SharedData(vmID, versionKey)
 	return
+}
+
+// snapshot reads shared data as a router does.
+func (s *stack) snapshot() *scheduler.Snapshot {
+	s.t.Helper()
+	snap, err := hosttest.Snapshot(s.host, vmID)
+	require.NoError(s.t, err)
+	return snap
 }
 
 // accessFor returns the access-log entries of the router listener.

@@ -71,8 +71,10 @@ const (
 	DefaultSharedDataKeyPrefix = wire.DefaultKeyPrefix
 	DefaultReceiverPath        = wire.PushPath
 	DefaultReceiverTokenEnv    = "WASM_EPP_PUSH_TOKEN"
-	DefaultMaxPushBytes        = 1 << 20
+	DefaultMaxPushBytes        = 2 << 20
 	DefaultMaxEndpoints        = 1024
+	DefaultMaxAgents           = 4096
+	DefaultMaxTotalEndpoints   = 16384
 	DefaultMaxClockSkew        = time.Second
 	DefaultConfigPath          = wire.ConfigPath
 	DefaultMaxConfigBytes      = 256 << 10
@@ -158,6 +160,9 @@ type Receiver struct {
 	TokenEnv     string `json:"tokenEnv,omitempty"`
 	MaxPushBytes int    `json:"maxPushBytes,omitempty"`
 	MaxEndpoints int    `json:"maxEndpoints,omitempty"`
+	// MaxAgents and MaxTotalEndpoints bound what shared data keeps.
+	MaxAgents         int `json:"maxAgents,omitempty"`
+	MaxTotalEndpoints int `json:"maxTotalEndpoints,omitempty"`
 	// MaxClockSkew: a push sent more than this ahead of the receiver's
 	// clock is refused (400). Freshness is always judged on the receiver's
 	// clock, so a tolerated skew never makes metrics look fresher.
@@ -342,6 +347,12 @@ func (c *Config) applyDefaults() {
 	if r.MaxClockSkew == 0 {
 		r.MaxClockSkew = Duration(DefaultMaxClockSkew)
 	}
+	if r.MaxAgents == 0 {
+		r.MaxAgents = DefaultMaxAgents
+	}
+	if r.MaxTotalEndpoints == 0 {
+		r.MaxTotalEndpoints = DefaultMaxTotalEndpoints
+	}
 }
 
 func (c *Config) validate() error {
@@ -419,8 +430,8 @@ func (c *Config) validate() error {
 	if r.MaxPushBytes < 0 || r.MaxPushBytes > 64<<20 {
 		return &Error{Path: "receiver.maxPushBytes", Msg: "must be in [1, 67108864]"}
 	}
-	if r.MaxEndpoints < 0 || r.MaxEndpoints > 65536 {
-		return &Error{Path: "receiver.maxEndpoints", Msg: "must be in [1, 65536]"}
+	if r.MaxEndpoints < 0 || r.MaxEndpoints > 65535 {
+		return &Error{Path: "receiver.maxEndpoints", Msg: "must be in [1, 65535]"}
 	}
 	if !strings.HasPrefix(r.ConfigPath, "/") || r.ConfigPath == r.Path {
 		return &Error{Path: "receiver.configPath", Msg: "must start with / and differ from receiver.path"}
@@ -430,6 +441,12 @@ func (c *Config) validate() error {
 	}
 	if r.MaxClockSkew < 0 {
 		return &Error{Path: "receiver.maxClockSkew", Msg: "must not be negative"}
+	}
+	if r.MaxAgents < 0 || r.MaxAgents > 65535 {
+		return &Error{Path: "receiver.maxAgents", Msg: "must be in [1, 65535]"}
+	}
+	if r.MaxTotalEndpoints < 0 || r.MaxTotalEndpoints > 1<<20 {
+		return &Error{Path: "receiver.maxTotalEndpoints", Msg: "must be in [1, 1048576]"}
 	}
 	return nil
 }
@@ -486,16 +503,6 @@ func validHeaderName(h string) bool {
 	}
 	return true
 }
-
-// SnapshotKey is the shared-data key holding the stored snapshot (the
-// scheduler/wire Stored encoding) that receivers write and routers read.
-func (c *Config) SnapshotKey() string { return wire.SnapshotKey(c.SharedDataKeyPrefix) }
-
-// SnapshotVersionKey is the shared-data key holding an 8-byte version of the
-// stored snapshot. Routers read this small value on every request and fetch
-// and decode SnapshotKey only when it changed; receivers write it after every
-// successful merge. It is an opaque token: compare for equality only.
-func (c *Config) SnapshotVersionKey() string { return c.SnapshotKey() + ".version" }
 
 // AdmissionKey is the shared-data key of flow control's admission record
 // (flowcontrol.Admission): the requests every worker VM released to each

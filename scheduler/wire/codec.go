@@ -14,14 +14,9 @@ const (
 	// one-byte name, IPv4, empty adapter lists. Counts are checked against
 	// the bytes left so a tiny payload cannot claim a huge slice.
 	minEndpointBytes = 1 + 2 + 1 + 4 + 2 + 1 + 1 + 8 + 1 + 1 + 1 + 8 + 1
-	// minAgentBytes: one-byte id, seq, time, zero endpoints.
-	minAgentBytes = 2 + 8 + 8 + 1
 )
 
-var (
-	magicPush   = [2]byte{'W', 'P'}
-	magicStored = [2]byte{'W', 'S'}
-)
+var magicPush = [2]byte{'W', 'P'}
 
 // ---- encoding ----
 
@@ -75,9 +70,8 @@ type decoder struct {
 	err *Error
 
 	// location for error messages, rendered only on failure
-	root     string
-	agentIdx int
-	epIdx    int
+	root  string
+	epIdx int
 
 	// adapters is one backing array shared by every adapter list of the
 	// message. When append grows it, lists already handed out keep pointing
@@ -86,14 +80,11 @@ type decoder struct {
 }
 
 func newDecoder(b []byte, lim Limits, root string) *decoder {
-	return &decoder{b: b, lim: lim.resolved(), root: root, agentIdx: -1, epIdx: -1}
+	return &decoder{b: b, lim: lim.resolved(), root: root, epIdx: -1}
 }
 
 func (d *decoder) where(field string) string {
 	w := d.root
-	if d.agentIdx >= 0 {
-		w += ".agents[" + strconv.Itoa(d.agentIdx) + "]"
-	}
 	if d.epIdx >= 0 {
 		w += ".endpoints[" + strconv.Itoa(d.epIdx) + "]"
 	}

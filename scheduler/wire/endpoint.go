@@ -172,6 +172,24 @@ func checkNanos(ns int64, field string) *Error {
 	return nil
 }
 
+// checkAddr accepts a unicast pod IP: IPv4, or IPv6 that is not
+// IPv4-mapped, without a zone.
+func checkAddr(a netip.Addr) *Error {
+	switch {
+	case !a.IsValid():
+		return errf(ErrInvalidField, "", -1, "missing")
+	case a.Zone() != "":
+		return errf(ErrInvalidField, "", -1, "zone not allowed: "+a.String())
+	case a.Is4In6():
+		return errf(ErrInvalidField, "", -1, "IPv4-mapped IPv6 must be sent as IPv4: "+a.String())
+	case a.IsUnspecified() || a.IsMulticast():
+		return errf(ErrInvalidField, "", -1, "not a unicast address: "+a.String())
+	case a.Is4() && a.As4() == [4]byte{255, 255, 255, 255}:
+		return errf(ErrInvalidField, "", -1, "broadcast address")
+	}
+	return nil
+}
+
 // checkEndpoint validates every field of e (not its order among others).
 func checkEndpoint(e *EndpointState, lim *Limits) *Error {
 	if err := checkString(e.Namespace, lim.MaxNameLen, true); err != nil {
@@ -180,18 +198,8 @@ func checkEndpoint(e *EndpointState, lim *Limits) *Error {
 	if err := checkString(e.Name, lim.MaxNameLen, false); err != nil {
 		return err.at("name")
 	}
-	a := e.Address
-	switch {
-	case !a.IsValid():
-		return errf(ErrInvalidField, "address", -1, "missing")
-	case a.Zone() != "":
-		return errf(ErrInvalidField, "address", -1, "zone not allowed: "+a.String())
-	case a.Is4In6():
-		return errf(ErrInvalidField, "address", -1, "IPv4-mapped IPv6 must be sent as IPv4: "+a.String())
-	case a.IsUnspecified() || a.IsMulticast():
-		return errf(ErrInvalidField, "address", -1, "not a unicast address: "+a.String())
-	case a.Is4() && a.As4() == [4]byte{255, 255, 255, 255}:
-		return errf(ErrInvalidField, "address", -1, "broadcast address")
+	if err := checkAddr(e.Address); err != nil {
+		return err.at("address")
 	}
 	if e.Port == 0 {
 		return errf(ErrInvalidField, "port", -1, "port 0 (must be 1..65535)")

@@ -10,7 +10,7 @@ import (
 // statuses) and still get a message naming the field.
 var (
 	// ErrFormat: the payload does not start with the expected magic (not a
-	// wire payload, or a Stored snapshot given where a Push is expected).
+	// wire payload, or a stored value given where a push is expected).
 	ErrFormat = errors.New("not a wasm-epp wire payload of this kind")
 	// ErrVersion: the magic is right but the version is not one this build reads.
 	ErrVersion = errors.New("unsupported wire version")
@@ -30,10 +30,10 @@ var (
 	// ErrClockSkew: a push's send time is further ahead of the receiver's
 	// clock than Limits.MaxClockSkew allows (the receiver answers 400).
 	ErrClockSkew = errors.New("send time ahead of the receiver's clock")
-	// ErrStoredCorrupt wraps any failure to decode the stored snapshot in
-	// MergeBytes, so the receiver can tell its own state apart from a bad
-	// push (and decide to start afresh instead of rejecting every push).
-	ErrStoredCorrupt = errors.New("stored snapshot unreadable")
+	// ErrStoredCorrupt wraps a failure to decode a stored configuration
+	// record (DecideConfig), so the receiver can tell its own state apart
+	// from a bad record (and replace it instead of refusing every record).
+	ErrStoredCorrupt = errors.New("stored value unreadable")
 )
 
 // Error says what is wrong and where. Kind is one of the Err* values above.

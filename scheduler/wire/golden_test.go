@@ -52,17 +52,6 @@ func goldenPush() *Push {
 	return &Push{AgentID: "node-a", Seq: 7, SendTime: goldenTime(1_700_000_000_000_000_000), Endpoints: goldenEndpoints()}
 }
 
-func goldenStored() *Stored {
-	received := goldenTime(1_700_000_000_010_000_000)
-	return &Stored{Agents: []AgentState{
-		{AgentID: "node-a", LastSeq: 7, Received: received, Endpoints: goldenEndpoints()},
-		{AgentID: "node-b", LastSeq: 9, Received: received, Endpoints: []EndpointState{
-			{Namespace: "llm", Name: "vllm-1", Address: netip.MustParseAddr("10.0.0.2"), Port: 8000,
-				Waiting: 300, Running: 1, KVCacheUsage: 0.25, ScrapeTime: goldenTime(1_699_999_999_950_000_000)},
-		}},
-	}}
-}
-
 // goldenBytes reads a golden file and requires encoded to equal it.
 func goldenBytes(t *testing.T, name string, encoded []byte, err error) []byte {
 	t.Helper()
@@ -80,10 +69,38 @@ func TestPushGolden(t *testing.T) {
 	assert.Equal(t, goldenPush(), p)
 }
 
-func TestStoredGolden(t *testing.T) {
-	encoded, err := EncodeStored(goldenStored(), DefaultLimits())
-	want := goldenBytes(t, "stored-v1.hex", encoded, err)
-	s, err := DecodeStored(want, DefaultLimits())
+func TestPushV2Golden(t *testing.T) {
+	p := &Push{AgentID: "node-a", Seq: 7, SendTime: goldenTime(1_700_000_000_000_000_000), Endpoints: []EndpointState{
+		{Namespace: "llm", Name: "vllm-0", Address: netip.MustParseAddr("10.0.0.1"), Port: 8000,
+			Waiting: 3, Running: 200, KVCacheUsage: 0.5, MaxAdapters: 4,
+			ActiveAdapters: []string{"sql-lora"}, WaitingAdapters: []string{"tweets"},
+			ScrapeTime: goldenTime(1_699_999_999_950_000_000)},
+	}}
+	var enc BlockEncoder
+	encoded, err := enc.AppendAgentPush(nil, p, DefaultLimits())
+	want := goldenBytes(t, "push-v2.hex", encoded, err)
+	var d PushDecoder
+	v, err := d.Decode(want, DefaultLimits())
 	require.NoError(t, err)
-	assert.Equal(t, goldenStored(), s)
+	require.Len(t, v.Blocks, 1)
+	r := v.Blocks[0].Record(0)
+	assert.Equal(t, uint32(200), r.Running())
+	assert.Equal(t, int64(50*time.Millisecond), r.Age())
+}
+
+// TestSegmentV2Golden pins the stored form: the same block as push-v2.hex,
+// received 10 ms after it was sent, in segment 19 (node-a's).
+func TestSegmentV2Golden(t *testing.T) {
+	want := readHex(t, "segment-v2.hex")
+	push := readHex(t, "push-v2.hex")
+	st := &MemStore{}
+	w := NewWriter(NewKeys(DefaultKeyPrefix), DefaultLimits(), time.Hour)
+	require.NoError(t, w.Init(st))
+	_, err := w.Apply(st, push, goldenTime(1_700_000_000_010_000_000))
+	require.NoError(t, err)
+	k := SegmentOf([]byte("node-a"))
+	require.Equal(t, 19, k)
+	got, _, err := st.Get(NewKeys(DefaultKeyPrefix).Segments[k], nil)
+	require.NoError(t, err)
+	require.Equal(t, hex.Dump(want), hex.Dump(got), "the receiver's bytes")
 }

@@ -66,20 +66,3 @@ func rawPush(p *Push) []byte {
 	}
 	return b
 }
-
-// rawStored encodes s with no validation; total is the announced count.
-func rawStored(s *Stored, total int) []byte {
-	b := append([]byte{}, magicStored[0], magicStored[1], version1)
-	b = binary.AppendUvarint(b, uint64(len(s.Agents)))
-	b = binary.AppendUvarint(b, uint64(total))
-	for _, a := range s.Agents {
-		b = appendStr(b, a.AgentID)
-		b = binary.LittleEndian.AppendUint64(b, a.LastSeq)
-		b = binary.LittleEndian.AppendUint64(b, uint64(a.Received.UnixNano()))
-		b = binary.AppendUvarint(b, uint64(len(a.Endpoints)))
-		for j := range a.Endpoints {
-			b = appendEndpoint(b, &a.Endpoints[j])
-		}
-	}
-	return b
-}

@@ -13,7 +13,8 @@ import (
 type Limits struct {
 	// MaxPushBytes bounds an encoded Push (default 4 MiB).
 	MaxPushBytes int
-	// MaxStoredBytes bounds an encoded Stored snapshot (default 16 MiB).
+	// MaxStoredBytes bounds what shared data keeps: all segments together
+	// (default 64 MiB).
 	MaxStoredBytes int
 	// MaxEndpoints bounds the endpoints of one push (default 1024).
 	MaxEndpoints int
@@ -25,17 +26,19 @@ type Limits struct {
 	// MaxCount bounds waiting, running and max_adapters (default 1<<20):
 	// larger numbers are a bug upstream, not load.
 	MaxCount int
-	// MaxAgents bounds the agents kept in a Stored snapshot (default 256).
+	// MaxAgents bounds the agents kept in shared data, and the blocks of
+	// one relayed push (default 4096).
 	MaxAgents int
-	// MaxTotalEndpoints bounds the endpoints of all agents together in a
-	// Stored snapshot (default 4096).
+	// MaxTotalEndpoints bounds the endpoints of all agents together
+	// (default 16384).
 	MaxTotalEndpoints int
-	// AgentTTL: Merge drops an agent not heard from for this long
-	// (default 5 min), so agents of deleted nodes do not pile up.
+	// AgentTTL: an aggregator stops relaying an agent not heard from for
+	// this long (default 5 min; the receiver's Writer drops stored agents
+	// after its own expiry, the plugin's staleAfter).
 	AgentTTL time.Duration
-	// MaxClockSkew: Merge refuses a push whose send time is more than this
-	// ahead of the receiver's clock (default 1 s). Freshness is judged on
-	// the receiver's clock whatever this is (see Merge).
+	// MaxClockSkew: a push whose send time is more than this ahead of the
+	// receiver's clock is refused (default 1 s). Freshness is judged on
+	// the receiver's clock whatever this is (see the package doc).
 	MaxClockSkew time.Duration
 }
 
@@ -43,17 +46,20 @@ type Limits struct {
 func DefaultLimits() Limits {
 	return Limits{
 		MaxPushBytes:      4 << 20,
-		MaxStoredBytes:    16 << 20,
+		MaxStoredBytes:    64 << 20,
 		MaxEndpoints:      1024,
 		MaxAdapters:       64,
 		MaxNameLen:        253,
 		MaxCount:          1 << 20,
-		MaxAgents:         256,
-		MaxTotalEndpoints: 4096,
+		MaxAgents:         4096,
+		MaxTotalEndpoints: 16384,
 		AgentTTL:          5 * time.Minute,
 		MaxClockSkew:      time.Second,
 	}
 }
+
+// Resolved returns l with zero fields set to their defaults.
+func (l Limits) Resolved() Limits { return l.resolved() }
 
 // resolved fills zero fields with defaults.
 func (l Limits) resolved() Limits {

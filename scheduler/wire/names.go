@@ -10,8 +10,3 @@ const (
 	// DefaultKeyPrefix is the default prefix of the plugin's shared-data keys.
 	DefaultKeyPrefix = "wasm-epp."
 )
-
-// SnapshotKey is the shared-data key holding the encoded Stored snapshot.
-// Shared data has no delete, so this is the one key the receiver writes;
-// the version in the name lets a new format live beside an old plugin's.
-func SnapshotKey(prefix string) string { return prefix + "snapshot.v1" }

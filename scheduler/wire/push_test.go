@@ -96,7 +96,7 @@ func TestDecodePushRejects(t *testing.T) {
 		{"one byte", []byte("W"), Limits{}, ErrTruncated, "magic"},
 		{"no version", []byte("WP"), Limits{}, ErrTruncated, "version"},
 		{"not a push", []byte("GET / HTTP/1.1\r\n"), Limits{}, ErrFormat, "magic"},
-		{"stored given as push", rawStored(&Stored{}, 0), Limits{}, ErrFormat, "magic"},
+		{"segment given as push", appendSegmentHeader(nil, 0, 1, 0), Limits{}, ErrFormat, "magic"},
 		{"unknown version", append([]byte("WP\x02"), valid[3:]...), Limits{}, ErrVersion, "version 2"},
 		{"version 0", append([]byte("WP\x00"), valid[3:]...), Limits{}, ErrVersion, "version 0"},
 		{"trailing byte", append(append([]byte{}, valid...), 0), Limits{}, ErrTrailing, "1 bytes"},

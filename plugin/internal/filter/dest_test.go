@@ -9,23 +9,21 @@ import (
 
 	"github.com/wasm-epp/wasm-epp/plugin/config"
 	"github.com/wasm-epp/wasm-epp/scheduler"
-	"github.com/wasm-epp/wasm-epp/scheduler/wire"
 )
 
 // Destinations of the cached snapshot's endpoints are formatted once, at
 // the index the scheduler names; another snapshot's are formatted afresh.
 func TestDestinationCache(t *testing.T) {
 	const cfgJSON = `{"models": [{"name": "chat", "criticality": "Standard"}]}`
-	newEnv(t, cfgJSON) // a host for the router's metrics
+	e := newEnv(t, cfgJSON) // a host for the router's metrics and shared data
 	cfg, err := config.Decode([]byte(cfgJSON))
 	require.NoError(t, err)
 	r, err := NewRouter(cfg, Options{Now: func() time.Time { return t0 }})
 	require.NoError(t, err)
-	stored := storedBytes(t, t0, pod{name: "a", addr: "10.0.0.1", port: 8000, max: 4},
+	e.setPods(pod{name: "a", addr: "10.0.0.1", port: 8000, max: 4},
 		pod{name: "b", addr: "fd00::2", port: 8001, max: 4, waiting: 9})
-	snap, err := wire.DecodeSnapshot(stored, wire.DefaultLimits(), wire.SnapshotOptions{})
-	require.NoError(t, err)
-	r.cache.snap, r.dests = snap, make([]string, len(snap.Endpoints))
+	snap := r.snapshot()
+	require.Len(t, snap.Endpoints, 2)
 
 	r.clock.Decide()
 	r.req = scheduler.Request{Model: "chat", TargetModel: "chat", Criticality: scheduler.Standard}

@@ -334,21 +334,12 @@ func TestCorruptSnapshotKeepsThePreviousOne(t *testing.T) {
 	e := newEnv(t, baseConfig)
 	e.setPods(pod{name: "a", addr: "10.0.0.1"})
 	assert.Equal(t, "10.0.0.1:8000", e.post("/v1/chat/completions", nil, chat("base")).dest())
-	e.setStored([]byte("WS\x01garbage"))
+	e.corruptSegment([]byte("WG\x02garbage"))
 	for i := 0; i < 3; i++ {
 		assert.Equal(t, "10.0.0.1:8000", e.post("/v1/chat/completions", nil, chat("base")).dest())
 	}
 	assert.Equal(t, uint64(1), e.counter("wasm_epp.snapshot.decode_errors"), "tried once per version")
 	assert.Len(t, e.host.GetErrorLogs(), 1)
-}
-
-func TestSnapshotWithoutVersionKey(t *testing.T) {
-	e := newEnv(t, baseConfig)
-	setShared(t, e.cfg.SnapshotKey(), storedBytes(t, e.clock.now, pod{name: "a", addr: "10.0.0.4"}))
-	for i := 0; i < 3; i++ {
-		assert.Equal(t, "10.0.0.4:8000", e.post("/v1/chat/completions", nil, chat("base")).dest())
-	}
-	assert.Equal(t, uint64(1), e.counter("wasm_epp.snapshot.decodes"), "the snapshot's cas stands in for the version")
 }
 
 func TestDestinationFormats(t *testing.T) {
@@ -432,4 +423,13 @@ func BenchmarkFilterRequest(b *testing.B) {
 			}
 		})
 	}
+}
+
+func TestGuestMemoryGauge(t *testing.T) {
+	e := newEnv(t, baseConfig)
+	e.setPods(pod{name: "a", addr: "10.0.0.1"})
+	e.post("/v1/chat/completions", nil, chat("base"))
+	v, err := e.host.GetGaugeMetric("wasm_epp.vm.memory_bytes")
+	require.NoError(t, err)
+	assert.Greater(t, v, uint64(1<<20), "the runtime's mapped memory")
 }

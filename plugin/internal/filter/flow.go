@@ -467,10 +467,7 @@ func (g *flowGate) publish() {
 }
 
 // snapshotTag names the current snapshot for Admission: every worker
-// derives the same tag from the same stored snapshot.
-func (g *flowGate) snapshotTag() uint64 {
-	if v := g.r.cache.version; v != nil {
-		return flowcontrol.TagFor(v)
-	}
-	return uint64(g.r.cache.cas) | 1<<63
-}
+// derives the same tag from the same stored content (wire.Cache.Tag: the
+// generations of the segments it was built from), and so holds the same
+// endpoints in the same order.
+func (g *flowGate) snapshotTag() uint64 { return g.r.cache.Tag() }

@@ -197,7 +197,7 @@ func TestFlowCallbackReleaseNeverReplies(t *testing.T) {
 	e.setPods(busy...)
 	held := e.post("/v1/chat/completions", nil, chat("std"))
 	e.requireHeld(held)
-	e.setStored(storedBytes(t, e.clock.now)) // the fleet is gone
+	e.setPods() // the fleet is gone
 	crit := e.post("/v1/chat/completions", nil, chat("crit"))
 	require.NotNil(t, crit.local)
 	assert.Equal(t, uint32(503), crit.local.StatusCode)
@@ -357,7 +357,7 @@ func TestFlowNoEndpointAtRelease(t *testing.T) {
 	e.setPods(busy...)
 	r := e.post("/v1/chat/completions", nil, chat("std"))
 	e.requireHeld(r)
-	e.setStored(storedBytes(t, e.clock.now)) // the fleet is gone
+	e.setPods() // the fleet is gone
 	e.host.Tick()
 	assert.Equal(t, "503", e.state(r.id))
 	assert.Equal(t, uint64(1), e.counter("wasm_epp.flow.no_endpoint"))

@@ -1,7 +1,6 @@
 package filter
 
 import (
-	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"net/netip"
@@ -14,6 +13,7 @@ import (
 
 	"github.com/wasm-epp/wasm-epp/plugin/config"
 	"github.com/wasm-epp/wasm-epp/plugin/internal/proxywasm"
+	"github.com/wasm-epp/wasm-epp/plugin/internal/shareddata"
 	"github.com/wasm-epp/wasm-epp/scheduler/wire"
 )
 
@@ -45,7 +45,9 @@ type env struct {
 	host    proxytest.HostEmulator
 	clock   *fakeClock
 	cfg     *config.Config
-	version uint64
+	writer  *wire.Writer
+	seq     uint64
+	version uint64 // of the configuration record (crdtable_test.go)
 	reset   func()
 }
 
@@ -127,18 +129,36 @@ func startEnvWith(t *testing.T, cfgJSON string, opts Options, more func(*proxyte
 	return e, host.StartPlugin()
 }
 
-// setPods stores a snapshot of pods (one agent) and bumps the version key,
-// as the receiver does.
+// setPods stores pods as one agent's push, through the receiver's own
+// write path (scheduler/wire.Writer), at the fake clock's time.
 func (e *env) setPods(pods ...pod) {
 	e.t.Helper()
-	e.setStored(storedBytes(e.t, e.clock.now, pods...))
+	if e.writer == nil {
+		e.writer = wire.NewWriter(wire.NewKeys(e.cfg.SharedDataKeyPrefix), wire.Limits{}, time.Hour)
+		require.NoError(e.t, e.writer.Init(shareddata.Store{}))
+	}
+	e.seq++
+	var enc wire.BlockEncoder
+	b, err := enc.AppendAgentPush(nil, &wire.Push{AgentID: "node-1", Seq: e.seq, SendTime: e.clock.now, Endpoints: podStates(e.clock.now, pods...)}, wire.Limits{})
+	require.NoError(e.t, err)
+	_, err = e.writer.Apply(shareddata.Store{}, b, e.clock.now)
+	require.NoError(e.t, err)
 }
 
-func (e *env) setStored(value []byte) {
+// corruptSegment overwrites the segment holding node-1 with value and
+// moves the directory, as a broken writer would.
+func (e *env) corruptSegment(value []byte) {
 	e.t.Helper()
-	setShared(e.t, e.cfg.SnapshotKey(), value)
-	e.version++
-	setShared(e.t, e.cfg.SnapshotVersionKey(), binary.LittleEndian.AppendUint64(nil, e.version))
+	keys := wire.NewKeys(e.cfg.SharedDataKeyPrefix)
+	k := wire.SegmentOf([]byte("node-1"))
+	require.NoError(e.t, proxywasm.SetSharedData(keys.Segments[k], value, 0))
+	b, _, err := proxywasm.GetSharedData(keys.Dir)
+	require.NoError(e.t, err)
+	var d wire.Directory
+	require.NoError(e.t, wire.DecodeDirectory(b, &d))
+	d.Gen++
+	d.Entries[k].Gen++
+	require.NoError(e.t, proxywasm.SetSharedData(keys.Dir, wire.AppendDirectory(nil, &d), 0))
 }
 
 func setShared(t *testing.T, key string, value []byte) {
@@ -150,9 +170,8 @@ func setShared(t *testing.T, key string, value []byte) {
 	require.NoError(t, proxywasm.SetSharedData(key, value, cas))
 }
 
-// storedBytes encodes pods as the receiver would store them at now.
-func storedBytes(t testing.TB, now time.Time, pods ...pod) []byte {
-	t.Helper()
+// podStates are pods as the agent reports them at now.
+func podStates(now time.Time, pods ...pod) []wire.EndpointState {
 	eps := make([]wire.EndpointState, 0, len(pods))
 	for _, p := range pods {
 		addr := p.addr
@@ -171,11 +190,7 @@ func storedBytes(t testing.TB, now time.Time, pods ...pod) []byte {
 		})
 	}
 	wire.Normalize(eps)
-	b, err := wire.EncodeStored(&wire.Stored{Agents: []wire.AgentState{{
-		AgentID: "node-1", LastSeq: 1, Received: now, Endpoints: eps,
-	}}}, wire.DefaultLimits())
-	require.NoError(t, err)
-	return b
+	return eps
 }
 
 // result is what the filter did with one request.

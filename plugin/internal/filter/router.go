@@ -1,10 +1,8 @@
 package filter
 
 import (
-	"bytes"
 	crand "crypto/rand"
 	"encoding/binary"
-	"errors"
 	"math/rand/v2"
 	"strings"
 	"time"
@@ -14,6 +12,8 @@ import (
 	"github.com/wasm-epp/wasm-epp/plugin/config"
 	"github.com/wasm-epp/wasm-epp/plugin/internal/prefixroute"
 	"github.com/wasm-epp/wasm-epp/plugin/internal/proxywasm"
+	"github.com/wasm-epp/wasm-epp/plugin/internal/shareddata"
+	"github.com/wasm-epp/wasm-epp/plugin/internal/vmmem"
 	"github.com/wasm-epp/wasm-epp/scheduler"
 	"github.com/wasm-epp/wasm-epp/scheduler/wire"
 )
@@ -82,23 +82,26 @@ type Router struct {
 	// it holds one, it replaces models.
 	crd crdTable
 
-	snapshotKey, versionKey string
-	cache                   snapshotCache
-	limits                  wire.Limits
+	// cache is this VM's snapshot, kept up to date from shared data at
+	// the cost of what changed (scheduler/wire.Cache); identity is the
+	// cache identity dests was filled for.
+	cache    *wire.Cache
+	snap     *scheduler.Snapshot
+	identity uint64
 
 	// req is reused for every request (the scheduler keeps no reference).
 	req scheduler.Request
-	// bodyBuf and versionBuf are where request bodies and the snapshot
-	// version are read (proxywasm.*Into): reusing them keeps a request off
-	// the allocator and on memory that is already warm, which in a Wasm
-	// guest is most of the cost of reading them. Nothing read into them
-	// outlives the callback.
-	bodyBuf, versionBuf []byte
+	// bodyBuf is where request bodies are read (proxywasm.*Into): reusing
+	// it keeps a request off the allocator and on memory that is already
+	// warm, which in a Wasm guest is most of the cost of reading it.
+	// Nothing read into it outlives the callback. (The snapshot cache
+	// keeps its own read buffers.)
+	bodyBuf []byte
 	// headerBuf is where Content-Length and the response code details are
 	// read.
 	headerBuf []byte
-	// dests caches the destination header value of each endpoint of
-	// cache.snap (same index), filled on first use.
+	// dests caches the destination header value of each endpoint of snap
+	// (same index), filled on first use.
 	dests []string
 	// free holds finished request contexts for reuse (NewHttpContext).
 	free []*httpContext
@@ -144,23 +147,12 @@ type metrics struct {
 	paths         map[string]proxywasm.MetricCounter
 	decodes       proxywasm.MetricCounter
 	decodeErrors  proxywasm.MetricCounter
+	refreshMicro  proxywasm.MetricHistogram
 	scheduleMicro proxywasm.MetricHistogram
 	requestMicro  proxywasm.MetricHistogram
 	snapshotAge   proxywasm.MetricGauge
 	endpoints     proxywasm.MetricGauge
 }
-
-// snapshotCache is the per-VM decoded snapshot and the version it came from.
-type snapshotCache struct {
-	valid bool
-	// version is a copy of the version key's value (nil in cas mode).
-	version []byte
-	// cas identifies the snapshot value when no version key exists.
-	cas  uint32
-	snap *scheduler.Snapshot
-}
-
-var emptySnapshot = &scheduler.Snapshot{}
 
 // NewRouter builds the router for a decoded configuration (config.Decode)
 // and defines its metrics; call it from OnPluginStart.
@@ -177,11 +169,9 @@ func NewRouter(cfg *config.Config, opts Options) (*Router, error) {
 		headerBuf:   make([]byte, 0, 32),
 		models:      make(map[string]*model, len(cfg.Models)),
 		passthrough: model{crit: scheduler.Sheddable},
-		snapshotKey: cfg.SnapshotKey(),
-		versionKey:  cfg.SnapshotVersionKey(),
-		limits:      wire.DefaultLimits(),
+		cache:       wire.NewCache(wire.NewKeys(cfg.SharedDataKeyPrefix), wire.Limits{}),
 	}
-	r.cache.snap = emptySnapshot
+	r.snap = &scheduler.Snapshot{}
 	s, err := scheduler.New(cfg.SchedulerConfig, scheduler.NewRegistry(), scheduler.Options{
 		Rand:       rand.NewPCG(seed1, seed2),
 		Now:        r.clock.Now,
@@ -255,6 +245,8 @@ func (r *Router) defineMetrics() {
 	}
 	r.m.decodes = proxywasm.DefineCounterMetric("wasm_epp.snapshot.decodes")
 	r.m.decodeErrors = proxywasm.DefineCounterMetric("wasm_epp.snapshot.decode_errors")
+	r.m.refreshMicro = proxywasm.DefineHistogramMetric("wasm_epp.snapshot.refresh_us")
+	vmmem.Define()
 	r.m.scheduleMicro = proxywasm.DefineHistogramMetric("wasm_epp.schedule_us")
 	r.m.requestMicro = proxywasm.DefineHistogramMetric("wasm_epp.request_us")
 	r.m.snapshotAge = proxywasm.DefineGaugeMetric("wasm_epp.snapshot.age_ms")
@@ -491,59 +483,35 @@ func (r *Router) requestObjective(a *activeTable) scheduler.Criticality {
 	return scheduler.Critical
 }
 
-// snapshot returns the current snapshot, decoding shared data only when its
-// version changed since the last call on this VM.
+// snapshot returns the current snapshot. One small shared-data read (the
+// directory) tells whether anything changed since this VM last looked;
+// only then are the changed segments read and their endpoints rewritten.
 func (r *Router) snapshot() *scheduler.Snapshot {
-	v, _, err := proxywasm.GetSharedDataInto(r.versionBuf[:0], r.versionKey)
-	if cap(v) > cap(r.versionBuf) && cap(v) <= maxKeptVersion {
-		r.versionBuf = v[:0]
-	}
-	switch {
-	case err == nil && len(v) > 0:
-		if r.cache.valid && r.cache.version != nil && bytes.Equal(v, r.cache.version) {
-			return r.cache.snap
-		}
-		data, _, err := proxywasm.GetSharedData(r.snapshotKey)
-		r.install(data, err)
-		r.cache.valid, r.cache.version = true, append(r.cache.version[:0], v...)
-		return r.cache.snap
-	case err != nil && !errors.Is(err, types.ErrorStatusNotFound):
-		logSharedDataError(r.versionKey, err)
-	}
-	// No version key (a writer that only writes the snapshot): fall back to
-	// the snapshot's own cas, at the price of copying it on every request.
-	data, cas, err := proxywasm.GetSharedData(r.snapshotKey)
-	if r.cache.valid && r.cache.version == nil && cas == r.cache.cas && err == nil {
-		return r.cache.snap
-	}
-	r.install(data, err)
-	r.cache.valid, r.cache.version, r.cache.cas = true, nil, cas
-	return r.cache.snap
-}
-
-// install decodes a stored snapshot read from shared data into the cache.
-func (r *Router) install(data []byte, err error) {
-	switch {
-	case errors.Is(err, types.ErrorStatusNotFound) || (err == nil && len(data) == 0):
-		r.cache.snap = emptySnapshot
-		setGauge(r.m.endpoints, 0)
-		return
-	case err != nil:
-		proxywasm.LogErrorf("wasm-epp: cannot read shared data %q: %v; keeping the previous snapshot", r.snapshotKey, err)
-		return
-	}
-	snap, err := wire.DecodeSnapshot(data, r.limits, wire.SnapshotOptions{})
+	start := r.clock.Since()
+	vmmem.Maybe(start)
+	snap, changed, err := r.cache.Refresh(shareddata.Store{})
 	if err != nil {
 		r.m.decodeErrors.Increment(1)
-		proxywasm.LogErrorf("wasm-epp: stored snapshot unreadable, keeping the previous one: %v", err)
-		return
+		logSnapshotError(err)
+	}
+	if !changed {
+		return snap
 	}
 	r.m.decodes.Increment(1)
-	// A fresh decode is also what resets the requests Scheduler.Observe
-	// counted into the previous copy.
-	r.cache.snap = snap
-	r.dests = make([]string, len(snap.Endpoints))
+	r.snap = snap
+	if id := r.cache.Identity(); id != r.identity || len(r.dests) != len(snap.Endpoints) {
+		// Endpoints came, went or moved: formatted destinations are stale.
+		r.identity = id
+		if n := len(snap.Endpoints); cap(r.dests) < n {
+			r.dests = make([]string, n)
+		} else {
+			r.dests = r.dests[:n]
+			clear(r.dests)
+		}
+	}
 	setGauge(r.m.endpoints, int64(len(snap.Endpoints)))
+	r.m.refreshMicro.Record(uint64((r.clock.Since() - start) / time.Microsecond))
+	return snap
 }
 
 // decision is a scheduling result and the outcome it counts as.
@@ -616,6 +584,10 @@ func logSharedDataError(key string, err error) {
 	proxywasm.LogErrorf("wasm-epp: cannot read shared data %q: %v", key, err)
 }
 
+func logSnapshotError(err error) {
+	proxywasm.LogErrorf("wasm-epp: reading the snapshot from shared data: %v; keeping what could not be read as it was", err)
+}
+
 // pathCounter is the counter of a decision path; the last one is cached
 // (paths are the scheduler's constant strings, so a hit compares one
 // pointer).
@@ -640,7 +612,7 @@ func (r *Router) debugEnabled() bool { return r.logLevel.Debug(r.clock.Mono()) }
 // snap is the cached snapshot (it always is, except in tests).
 func (r *Router) destinationOf(snap *scheduler.Snapshot, i int) string {
 	ep := &snap.Endpoints[i]
-	if snap != r.cache.snap || i >= len(r.dests) {
+	if snap != r.snap || i >= len(r.dests) {
 		return r.destination(ep)
 	}
 	if r.dests[i] == "" {

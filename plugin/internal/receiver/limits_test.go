@@ -39,8 +39,7 @@ func TestPushLimitBoundary(t *testing.T) {
 			require.Equal(t, uint32(204), r.status, r.code)
 			s, _ := stored(t, host)
 			require.NotNil(t, s)
-			require.Len(t, s.Agents, 1)
-			assert.Len(t, s.Agents[0].Endpoints, 2)
+			assert.Equal(t, map[string][]string{"node-a": {"pod-1", "pod-2"}}, agents(s))
 		})
 		t.Run("one byte over: "+tc.name, func(t *testing.T) {
 			host := newHost(t, cfg(n-1))

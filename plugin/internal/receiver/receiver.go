@@ -1,21 +1,22 @@
 // Package receiver is the wasm-epp plugin in its receiver role: it accepts
-// metrics pushes from the per-node agents on an Envoy listener that clients
-// cannot reach, and merges them into the snapshot kept in Envoy shared data,
-// where every router VM with the same vm_id reads it.
+// metrics pushes from the per-node agents (or from aggregators relaying
+// them) on an Envoy listener that clients cannot reach, and writes them
+// into Envoy shared data, where every router VM with the same vm_id reads
+// them.
 //
 // A push is authenticated (bearer token, compared in constant time),
-// bounded, decoded strictly (scheduler/wire) and merged with a CAS retry
-// loop, so concurrent pushes handled by different worker VMs never lose each
-// other's agents. Nothing is written unless the whole push is valid.
+// bounded and checked strictly, then each agent's block is merged into its
+// segment and the directory updated, each with a CAS retry loop
+// (scheduler/wire.Writer), so concurrent pushes handled by different worker
+// VMs never lose each other's agents. Nothing is written unless the whole
+// push is valid.
 package receiver
 
 import (
 	"crypto/subtle"
-	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"hash/fnv"
 	"strconv"
 	"strings"
 	"time"
@@ -24,13 +25,13 @@ import (
 
 	"github.com/wasm-epp/wasm-epp/plugin/config"
 	"github.com/wasm-epp/wasm-epp/plugin/internal/proxywasm"
+	"github.com/wasm-epp/wasm-epp/plugin/internal/shareddata"
+	"github.com/wasm-epp/wasm-epp/plugin/internal/vmmem"
 	"github.com/wasm-epp/wasm-epp/scheduler/wire"
 )
 
-// maxMergeAttempts bounds the CAS retry loop. Each retry means another worker
-// VM merged a push in between; a handful of agents cannot keep that up for
-// long, so running out of attempts means something is wrong (503, retried by
-// the agent next cycle).
+// maxMergeAttempts bounds the CAS retry loop of configuration records
+// (config.go); metrics pushes have scheduler/wire.Writer's.
 const maxMergeAttempts = 16
 
 // Outcomes, one counter each (metric wasm_epp.receiver.<outcome>).
@@ -54,15 +55,17 @@ var outcomes = []string{outcomeAccepted, outcomeUnauthorized, outcomeTooLarge, o
 // Receiver holds what one plugin context in the receiver role needs. It is
 // used from one VM thread only, like everything in a Proxy-Wasm VM.
 type Receiver struct {
-	path        string
-	token       []byte
-	maxBytes    int
-	limits      wire.Limits
-	snapshotKey string
-	versionKey  string
-	now         func() time.Time
-	counters    map[string]proxywasm.MetricCounter
-	config      configRecords // config.go
+	path     string
+	token    []byte
+	maxBytes int
+	writer   *wire.Writer
+	now      func() time.Time
+	// mono reads the clock that times Apply (apply_us).
+	mono     func() time.Time
+	counters map[string]proxywasm.MetricCounter
+	blocks   struct{ accepted, stale, swept, retries proxywasm.MetricCounter }
+	applyUs  proxywasm.MetricHistogram
+	config   configRecords // config.go
 }
 
 // New builds a receiver from a decoded configuration and the push token.
@@ -75,21 +78,36 @@ func New(cfg *config.Config, token string) (*Receiver, error) {
 	lim := wire.DefaultLimits()
 	lim.MaxPushBytes = cfg.Receiver.MaxPushBytes
 	lim.MaxEndpoints = cfg.Receiver.MaxEndpoints
+	lim.MaxAgents = cfg.Receiver.MaxAgents
+	lim.MaxTotalEndpoints = cfg.Receiver.MaxTotalEndpoints
 	lim.MaxClockSkew = time.Duration(cfg.Receiver.MaxClockSkew)
 	r := &Receiver{
-		path:        cfg.Receiver.Path,
-		token:       []byte(token),
-		maxBytes:    cfg.Receiver.MaxPushBytes,
-		limits:      lim,
-		snapshotKey: cfg.SnapshotKey(),
-		versionKey:  cfg.SnapshotVersionKey(),
-		now:         time.Now,
-		counters:    make(map[string]proxywasm.MetricCounter, len(outcomes)),
+		path:     cfg.Receiver.Path,
+		token:    []byte(token),
+		maxBytes: cfg.Receiver.MaxPushBytes,
+		// An agent that stopped pushing is dropped once its endpoints are
+		// stale: routers would not schedule on them anyway.
+		writer:   wire.NewWriter(wire.NewKeys(cfg.SharedDataKeyPrefix), lim, time.Duration(cfg.StaleAfter)),
+		now:      time.Now,
+		mono:     time.Now,
+		counters: make(map[string]proxywasm.MetricCounter, len(outcomes)),
+	}
+	// Create every key now: Envoy runs plugin start on the main thread
+	// (and the canary) before a worker takes a push, and shared data has no
+	// "create if absent" that two first writes could not both pass.
+	if err := r.writer.Init(shareddata.Store{}); err != nil {
+		return nil, fmt.Errorf("receiver: cannot create the shared-data keys: %w", err)
 	}
 	for _, o := range outcomes {
 		r.counters[o] = proxywasm.DefineCounterMetric("wasm_epp.receiver." + o)
 	}
 	r.config = newConfigRecords(cfg, r.counters)
+	r.blocks.accepted = proxywasm.DefineCounterMetric("wasm_epp.receiver.blocks_accepted")
+	r.blocks.stale = proxywasm.DefineCounterMetric("wasm_epp.receiver.blocks_not_newer")
+	r.blocks.swept = proxywasm.DefineCounterMetric("wasm_epp.receiver.blocks_expired")
+	r.blocks.retries = proxywasm.DefineCounterMetric("wasm_epp.receiver.cas_retries")
+	r.applyUs = proxywasm.DefineHistogramMetric("wasm_epp.receiver.apply_us")
+	vmmem.Define()
 	return r, nil
 }
 
@@ -181,63 +199,46 @@ func (r *Receiver) authorized() bool {
 	return subtle.ConstantTimeCompare([]byte(h[len(prefix):]), r.token) == 1
 }
 
-// apply merges one push into shared data. It returns the HTTP status, the
-// outcome counter and, on failure, a message for the agent.
+// apply writes one push into shared data. It returns the HTTP status, the
+// outcome counter and, on failure, a message for the pusher.
 func (r *Receiver) apply(push []byte) (status int, outcome, msg string) {
-	reset := false
-	for attempt := 0; attempt < maxMergeAttempts; attempt++ {
-		stored, cas, err := proxywasm.GetSharedData(r.snapshotKey)
-		switch {
-		case errors.Is(err, types.ErrorStatusNotFound):
-			stored, cas = nil, 0
-		case err != nil:
-			return 500, outcomeStoreError, "cannot read shared data: " + err.Error()
+	start := r.mono()
+	vmmem.Maybe(time.Duration(start.UnixNano()))
+	stats, err := r.writer.Apply(shareddata.Store{}, push, r.now())
+	r.applyUs.Record(uint64(r.mono().Sub(start) / time.Microsecond))
+	count := func(c proxywasm.MetricCounter, n int) {
+		if n > 0 {
+			c.Increment(uint64(n))
 		}
-		if reset {
-			stored = nil
-		}
-		merged, err := wire.MergeBytes(stored, push, r.now(), r.limits)
-		switch {
-		case err == nil:
-		case errors.Is(err, wire.ErrStoredCorrupt) && !reset:
-			// Our own state is unreadable (another build wrote it, or a
-			// bug): start afresh rather than refuse every push forever.
-			// The other agents' endpoints return with their next push.
-			proxywasm.LogErrorf("wasm-epp receiver: stored snapshot unreadable, starting afresh: %v", err)
-			r.counters[outcomeReset].Increment(1)
-			reset = true
-			attempt--
-			continue
-		case errors.Is(err, wire.ErrStaleSequence):
-			return 409, outcomeStale, err.Error()
-		case errors.Is(err, wire.ErrClockSkew):
-			return 400, outcomeClockSkew, err.Error()
-		default:
-			return 400, outcomeBadRequest, err.Error()
-		}
-		err = proxywasm.SetSharedData(r.snapshotKey, merged, cas)
-		if errors.Is(err, types.ErrorStatusCasMismatch) {
-			continue // another VM merged first: merge again on top of it
-		}
-		if err != nil {
-			return 500, outcomeStoreError, "cannot write shared data: " + err.Error()
-		}
-		// The version lets routers skip re-reading an unchanged snapshot.
-		// Written after the snapshot: a router that sees the new version
-		// also sees (at least) the new snapshot.
-		if err := proxywasm.SetSharedData(r.versionKey, version(merged), 0); err != nil {
-			proxywasm.LogErrorf("wasm-epp receiver: cannot write the snapshot version: %v", err)
-		}
-		return 204, outcomeAccepted, ""
 	}
-	return 503, outcomeContention, fmt.Sprintf("shared data kept changing during %d merge attempts; retry", maxMergeAttempts)
+	count(r.blocks.accepted, stats.Accepted)
+	count(r.blocks.stale, stats.Stale)
+	count(r.blocks.swept, stats.Swept)
+	count(r.blocks.retries, stats.Retries)
+	count(r.counters[outcomeReset], stats.Reset)
+	if stats.Reset > 0 {
+		proxywasm.LogErrorf("wasm-epp receiver: %d stored values were unreadable and were replaced (another build, or a bug); their agents return with their next push", stats.Reset)
+	}
+	switch {
+	case err == nil:
+		return 204, outcomeAccepted, ""
+	case errors.Is(err, wire.ErrStaleSequence):
+		return 409, outcomeStale, err.Error()
+	case errors.Is(err, wire.ErrClockSkew):
+		return 400, outcomeClockSkew, err.Error()
+	case errors.Is(err, wire.ErrContention):
+		return 503, outcomeContention, err.Error()
+	case isWireError(err):
+		return 400, outcomeBadRequest, err.Error()
+	}
+	return 500, outcomeStoreError, "cannot use shared data: " + err.Error()
 }
 
-// version is an 8-byte token that changes whenever the stored bytes do.
-func version(stored []byte) []byte {
-	h := fnv.New64a()
-	h.Write(stored)
-	return binary.LittleEndian.AppendUint64(nil, h.Sum64())
+// isWireError reports whether err is about the push itself (as opposed to
+// shared data).
+func isWireError(err error) bool {
+	var we *wire.Error
+	return errors.As(err, &we)
 }
 
 // reply sends a local response (JSON error body unless status is 204) and

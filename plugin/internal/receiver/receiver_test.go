@@ -14,6 +14,8 @@ import (
 
 	"github.com/wasm-epp/wasm-epp/plugin/config"
 	"github.com/wasm-epp/wasm-epp/plugin/internal/proxywasm"
+	"github.com/wasm-epp/wasm-epp/plugin/internal/shareddata"
+	"github.com/wasm-epp/wasm-epp/scheduler"
 	"github.com/wasm-epp/wasm-epp/scheduler/wire"
 )
 
@@ -65,7 +67,7 @@ func push(t *testing.T, agent string, seq uint64, names ...string) []byte {
 	p := &wire.Push{AgentID: agent, Seq: seq, SendTime: testNow}
 	for i, n := range names {
 		p.Endpoints = append(p.Endpoints, wire.EndpointState{
-			Namespace: "ns", Name: n,
+			Namespace: agent, Name: n,
 			Address:    netip.AddrFrom4([4]byte{10, 0, 0, byte(i + 1)}),
 			Port:       8000,
 			Waiting:    uint32(i),
@@ -123,24 +125,37 @@ func pushHeaders(token string, n int) [][2]string {
 	return h
 }
 
-func stored(t *testing.T, host proxytest.HostEmulator) (*wire.Stored, []byte) {
+// stored reads shared data as a router does: the snapshot (nil when
+// nothing was ever accepted), and every key's bytes, to check that nothing
+// changed.
+func stored(t *testing.T, host proxytest.HostEmulator) (*scheduler.Snapshot, map[string]string) {
 	t.Helper()
 	cfg, _ := config.Decode(nil)
-	var out []byte
-	var version []byte
-	// Read through the binding, as the router does.
-	id := host.InitializeHttpContext()
-	_ = id
-	v, _, err := proxywasm.GetSharedData(cfg.SnapshotKey())
-	if err != nil {
-		return nil, nil
+	keys := wire.NewKeys(cfg.SharedDataKeyPrefix)
+	raw := map[string]string{}
+	for _, k := range append(keys.Segments[:], keys.Dir) {
+		if v, _, err := proxywasm.GetSharedData(k); err == nil {
+			raw[k] = string(v)
+		}
 	}
-	out = v
-	version, _, err = proxywasm.GetSharedData(cfg.SnapshotVersionKey())
+	snap, _, err := wire.NewCache(keys, wire.Limits{}).Refresh(shareddata.Store{})
 	require.NoError(t, err)
-	s, err := wire.DecodeStored(out, wire.DefaultLimits())
-	require.NoError(t, err)
-	return s, version
+	if len(snap.Endpoints) == 0 {
+		return nil, raw
+	}
+	return snap, raw
+}
+
+// agents lists the agents a snapshot's endpoints name ("<agent>/<pod>").
+func agents(snap *scheduler.Snapshot) map[string][]string {
+	out := map[string][]string{}
+	if snap == nil {
+		return out
+	}
+	for _, e := range snap.Endpoints {
+		out[e.ID.Namespace] = append(out[e.ID.Namespace], e.ID.Name)
+	}
+	return out
 }
 
 func TestPushAccepted(t *testing.T) {
@@ -149,33 +164,28 @@ func TestPushAccepted(t *testing.T) {
 	r := send(t, host, pushHeaders(testToken, len(body)), body, 7)
 	assert.Equal(t, uint32(204), r.status)
 
-	s, v1 := stored(t, host)
-	require.Len(t, s.Agents, 1)
-	assert.Equal(t, "node-a", s.Agents[0].AgentID)
-	assert.Len(t, s.Agents[0].Endpoints, 2)
-	assert.Len(t, v1, 8)
+	s, raw1 := stored(t, host)
+	assert.Equal(t, map[string][]string{"node-a": {"pod-1", "pod-2"}}, agents(s))
 
 	// A second agent adds to, and does not replace, the first one.
 	body = push(t, "node-b", 5, "pod-9")
 	assert.Equal(t, uint32(204), send(t, host, pushHeaders(testToken, -1), body, 0).status)
-	s, v2 := stored(t, host)
-	require.Len(t, s.Agents, 2)
-	assert.NotEqual(t, v1, v2, "the version changes with the snapshot")
+	s, raw2 := stored(t, host)
+	assert.Len(t, agents(s), 2)
+	assert.NotEqual(t, raw1, raw2)
 
 	// The same agent again replaces its own endpoints.
 	body = push(t, "node-a", 2, "pod-3")
 	assert.Equal(t, uint32(204), send(t, host, pushHeaders(testToken, len(body)), body, 0).status)
 	s, _ = stored(t, host)
-	require.Len(t, s.Agents, 2)
-	require.Len(t, s.Agents[0].Endpoints, 1)
-	assert.Equal(t, "pod-3", s.Agents[0].Endpoints[0].Name)
+	assert.Equal(t, map[string][]string{"node-a": {"pod-3"}, "node-b": {"pod-9"}}, agents(s))
 }
 
 func TestPushRejectedWritesNothing(t *testing.T) {
 	host := newHost(t, `{"role":"receiver","receiver":{"maxPushBytes":4096,"maxEndpoints":3}}`)
 	good := push(t, "node-a", 10, "pod-1")
 	require.Equal(t, uint32(204), send(t, host, pushHeaders(testToken, len(good)), good, 0).status)
-	before, version := stored(t, host)
+	_, before := stored(t, host)
 
 	truncated := good[:len(good)-3]
 	badVersion := append([]byte{}, good...)
@@ -210,9 +220,8 @@ func TestPushRejectedWritesNothing(t *testing.T) {
 			r := send(t, host, tc.headers, tc.body, 0)
 			assert.Equal(t, tc.status, r.status)
 			assert.Equal(t, tc.code, r.code)
-			after, v := stored(t, host)
+			_, after := stored(t, host)
 			assert.Equal(t, before, after, "shared data changed")
-			assert.Equal(t, version, v, "version changed")
 		})
 	}
 }
@@ -223,14 +232,16 @@ func TestUnauthorizedSaysBearer(t *testing.T) {
 	assert.Contains(t, r.headers, [2]string{"www-authenticate", `Bearer realm="wasm-epp-push"`})
 }
 
-func TestCorruptStoredSnapshotIsReplaced(t *testing.T) {
+func TestUnreadableSharedDataIsReplaced(t *testing.T) {
 	host := newHost(t, `{"role":"receiver"}`)
 	cfg, _ := config.Decode(nil)
-	require.NoError(t, proxywasm.SetSharedData(cfg.SnapshotKey(), []byte("not a snapshot"), 0))
+	keys := wire.NewKeys(cfg.SharedDataKeyPrefix)
+	require.NoError(t, proxywasm.SetSharedData(keys.Segments[wire.SegmentOf([]byte("node-a"))], []byte("not a segment"), 0))
+	require.NoError(t, proxywasm.SetSharedData(keys.Dir, []byte("not a directory"), 0))
 	body := push(t, "node-a", 1, "pod-1")
 	assert.Equal(t, uint32(204), send(t, host, pushHeaders(testToken, len(body)), body, 0).status)
 	s, _ := stored(t, host)
-	require.Len(t, s.Agents, 1)
+	assert.Equal(t, map[string][]string{"node-a": {"pod-1"}}, agents(s))
 }
 
 func TestNewRefusesEmptyToken(t *testing.T) {
@@ -263,7 +274,7 @@ func TestClockAheadIsRefusedAndNeverExtendsFreshness(t *testing.T) {
 		assert.Equal(t, uint32(400), r.status, "send time %v ahead", ahead)
 		assert.Equal(t, "clock_skew", r.code, "send time %v ahead", ahead)
 		s, _ := stored(t, host)
-		assert.Nil(t, s, "nothing written for a push %v ahead", ahead)
+		assert.Nil(t, s, "nothing accepted for a push %v ahead", ahead)
 	}
 
 	cases := []struct {
@@ -286,9 +297,8 @@ func TestClockAheadIsRefusedAndNeverExtendsFreshness(t *testing.T) {
 			require.Equal(t, uint32(204), send(t, host, pushHeaders(testToken, len(body)), body, 0).status)
 			s, _ := stored(t, host)
 			require.NotNil(t, s)
-			require.Len(t, s.Agents, 1)
-			require.Len(t, s.Agents[0].Endpoints, 1)
-			got := s.Agents[0].Endpoints[0].ScrapeTime
+			require.Len(t, s.Endpoints, 1)
+			got := s.Endpoints[0].Metrics.UpdateTime
 			assert.True(t, tc.want.Equal(got), "update time %v, want %v", got, tc.want)
 			assert.False(t, got.After(testNow), "never after the receipt")
 		})
@@ -301,7 +311,7 @@ func TestMaxClockSkewIsConfigurable(t *testing.T) {
 	assert.Equal(t, uint32(204), send(t, host, pushHeaders(testToken, len(body)), body, 0).status)
 	s, _ := stored(t, host)
 	require.NotNil(t, s)
-	assert.True(t, testNow.Equal(s.Agents[0].Endpoints[0].ScrapeTime))
+	assert.True(t, testNow.Equal(s.Endpoints[0].Metrics.UpdateTime))
 
 	_, err := config.Decode([]byte(`{"role":"receiver","receiver":{"maxClockSkew":"-1s"}}`))
 	require.ErrorContains(t, err, "receiver.maxClockSkew")

@@ -1,0 +1,156 @@
+// Command scalebench measures the metrics path at fleet sizes (package
+// e2e/scale): simulated agents or the aggregator tier push real wire
+// messages into the real .wasm in envoyhost while router workers serve
+// requests, and it prints the gateway's CPU per phase, the plugin's own
+// costs, CAS retries, contention and staleness.
+//
+//	scalebench -modes direct-v2,relay -sizes 100,1000 -per-node 2 -window 15s
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/wasm-epp/wasm-epp/e2e/scale"
+)
+
+func main() {
+	var (
+		binDir    = flag.String("bin", "bin", "directory with envoyhost")
+		bootstrap = flag.String("bootstrap", "envoy/envoy.yaml", "bootstrap template")
+		wasm      = flag.String("wasm", "bin/wasm-epp.wasm", "plugin under test")
+		baseWasm  = flag.String("base-wasm", "", "plugin for the direct-v1 mode (a build storing wire version 1); default -wasm")
+		modes     = flag.String("modes", "direct-v2,relay", "comma-separated: direct-v1, direct-v2, relay")
+		sizes     = flag.String("sizes", "100,1000", "comma-separated endpoint counts")
+		perNode   = flag.Int("per-node", 2, "endpoints per node (one agent each)")
+		reps      = flag.Int("reps", 1, "repetitions; variants are interleaved within each")
+		window    = flag.Duration("window", 10*time.Second, "length of each measured phase")
+		warmup    = flag.Duration("warmup", 5*time.Second, "pushes and requests before the first phase")
+		rate      = flag.Float64("rate", 200, "requests per second in the phases with requests")
+		change    = flag.Float64("change", 1, "fraction of endpoints whose values move each scrape")
+		phases    = flag.String("phases", "", "phases in order (default pushes+requests,pushes,requests,idle)")
+		out       = flag.String("out", "", "write every result as JSON lines to this file")
+		cache     = flag.String("compilation-cache", filepath.Join(os.TempDir(), "wasm-epp-scalebench-cache"), "wazero compilation cache")
+		verbose   = flag.Bool("v", false, "log progress")
+		workDir   = flag.String("workdir", "", "keep each gateway's log and bootstrap under this directory")
+	)
+	flag.Parse()
+	for _, p := range []*string{binDir, bootstrap, wasm, baseWasm} {
+		if *p != "" {
+			abs, err := filepath.Abs(*p)
+			if err != nil {
+				fail(err)
+			}
+			*p = abs
+		}
+	}
+	ctx, cancel := signal.NotifyContext(context.Background(), os.Interrupt)
+	defer cancel()
+	logf := func(string, ...any) {}
+	if *verbose {
+		logf = func(f string, a ...any) { fmt.Fprintf(os.Stderr, f+"\n", a...) }
+	}
+	var enc *json.Encoder
+	if *out != "" {
+		f, err := os.Create(*out)
+		if err != nil {
+			fail(err)
+		}
+		defer f.Close()
+		enc = json.NewEncoder(f)
+	}
+	var phaseList []scale.Phase
+	for _, p := range split(*phases) {
+		phaseList = append(phaseList, scale.Phase(p))
+	}
+	for r := 0; r < *reps; r++ {
+		for _, size := range split(*sizes) {
+			n, err := strconv.Atoi(size)
+			if err != nil {
+				fail(err)
+			}
+			for _, m := range split(*modes) {
+				w := *wasm
+				if scale.Mode(m) == scale.ModeDirectV1 && *baseWasm != "" {
+					w = *baseWasm
+				}
+				cfg := scale.RunConfig{
+					Gateway: scale.GatewayOptions{BinDir: *binDir, Bootstrap: *bootstrap, Wasm: w, CompilationCache: *cache},
+					Mode:    scale.Mode(m), Endpoints: n, PerNode: *perNode, Change: *change, Rate: *rate,
+					Window: *window, Warmup: *warmup, Windows: phaseList, Logf: logf,
+				}
+				if *workDir != "" {
+					cfg.Gateway.WorkDir = filepath.Join(*workDir, fmt.Sprintf("%s-%d-rep%d", m, n, r))
+				}
+				res, err := scale.Run(ctx, cfg)
+				if err != nil {
+					fail(fmt.Errorf("%s at %d: %w", m, n, err))
+				}
+				report(res)
+				if enc != nil {
+					_ = enc.Encode(res)
+				}
+			}
+		}
+	}
+}
+
+func report(r *scale.Result) {
+	fmt.Printf("%-10s endpoints=%d agents=%d per-node=%d\n", r.Config.Mode, r.Config.Endpoints, r.Agents, r.Config.PerNode)
+	for _, w := range r.Windows {
+		sec := w.Duration.Seconds()
+		line := fmt.Sprintf("  %-16s cpu %7.1f ms/s", w.Phase, float64(w.CPU.Microseconds())/1e3/sec)
+		if n := sum(w.Pushes); n > 0 {
+			line += fmt.Sprintf("  pushes %6.0f/s %v", float64(n)/sec, w.Pushes)
+		}
+		if w.ApplyCount > 0 {
+			line += fmt.Sprintf("  apply %.0f µs", w.ApplyMicros/float64(w.ApplyCount))
+		}
+		if w.RequestCount > 0 {
+			line += fmt.Sprintf("  req %.0f µs (%d)", w.RequestUs/float64(w.RequestCount), w.RequestCount)
+		}
+		if w.Refreshes > 0 {
+			line += fmt.Sprintf("  refresh %.0f µs ×%d", w.RefreshMicros/float64(w.Refreshes), w.Refreshes)
+		}
+		if w.CASRetries > 0 || w.Contention > 0 {
+			line += fmt.Sprintf("  cas-retries %d contention %d", w.CASRetries, w.Contention)
+		}
+		if len(w.Lags) > 0 || w.Missed > 0 {
+			p := scale.Percentiles(w.Lags, 0.5, 0.99)
+			line += fmt.Sprintf("  staleness p50 %v p99 %v (n=%d, missed %d)", p[0].Round(100*time.Microsecond), p[1].Round(100*time.Microsecond), len(w.Lags), w.Missed)
+		}
+		line += fmt.Sprintf("  rss %d MiB", w.RSS>>20)
+		fmt.Println(line)
+	}
+}
+
+func sum(m map[int]int64) int64 {
+	var n int64
+	for _, v := range m {
+		n += v
+	}
+	return n
+}
+
+func split(s string) []string {
+	var out []string
+	for _, p := range strings.Split(s, ",") {
+		if p = strings.TrimSpace(p); p != "" {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+func fail(err error) {
+	fmt.Fprintln(os.Stderr, "scalebench:", err)
+	os.Exit(1)
+}

@@ -1,0 +1,269 @@
+package scale
+
+import (
+	"context"
+	"sync"
+	"time"
+)
+
+// Mode is how metrics reach the gateway.
+type Mode string
+
+const (
+	// ModeDirectV1: every agent pushes wire version 1 to the receiver
+	// (the first design, for plugins that still store version 1).
+	ModeDirectV1 Mode = "direct-v1"
+	// ModeDirectV2: every agent pushes wire version 2 to the receiver.
+	ModeDirectV2 Mode = "direct-v2"
+	// ModeRelay: one relay push per interval holding every agent's latest
+	// block, built in process: what the aggregator tier sends each Envoy.
+	ModeRelay Mode = "relay"
+	// ModeAggregator: agents push to aggregator processes, which relay to
+	// the receiver (RunConfig.Aggregators).
+	ModeAggregator Mode = "aggregator"
+)
+
+// RunConfig is one measurement.
+type RunConfig struct {
+	Gateway   GatewayOptions
+	Mode      Mode
+	Endpoints int
+	PerNode   int
+	Interval  time.Duration
+	Change    float64
+	// Rate is the request load (req/s) in the windows with requests.
+	Rate   float64
+	Conns  int
+	Window time.Duration
+	Warmup time.Duration
+	// Aggregators, for ModeAggregator, are the aggregators' push URLs.
+	Aggregators []string
+	// Windows lists the phases to measure, in order (default all four).
+	Windows []Phase
+	Logf    func(string, ...any)
+}
+
+// Phase is one measured window.
+type Phase string
+
+const (
+	// PhaseBoth: pushes and requests.
+	PhaseBoth Phase = "pushes+requests"
+	// PhasePushes: pushes only.
+	PhasePushes Phase = "pushes"
+	// PhaseRequests: requests only, metrics unchanged.
+	PhaseRequests Phase = "requests"
+	// PhaseIdle: nothing.
+	PhaseIdle Phase = "idle"
+)
+
+// Window is what one phase measured.
+type Window struct {
+	Phase    Phase
+	Duration time.Duration
+	// CPU is the gateway process's CPU time over the window.
+	CPU time.Duration
+	// Pushes and requests answered, by status.
+	Pushes       map[int]int64
+	PushBytes    int64
+	PushErrors   int64
+	Requests     map[int]int64
+	RequestsSent int64
+	// From the plugin's own metrics: receiver time in Apply, request
+	// time in the filter callbacks, CAS retries, contention answers.
+	ApplyCount, RequestCount int64
+	ApplyMicros, RequestUs   float64
+	CASRetries, Contention   int64
+	Refreshes                int64
+	RefreshMicros            float64
+	// Staleness probes (push sent -> visible to a router).
+	Lags          []time.Duration
+	Missed, Polls int
+	RSS           int64
+	GuestMemory   int64
+}
+
+// Result is one run.
+type Result struct {
+	Config  RunConfig
+	Agents  int
+	Windows []Window
+}
+
+// Run performs one measurement: start the gateway, warm up, then measure
+// each phase for Window.
+func Run(ctx context.Context, cfg RunConfig) (*Result, error) {
+	logf := cfg.Logf
+	if logf == nil {
+		logf = func(string, ...any) {}
+	}
+	if cfg.Interval == 0 {
+		cfg.Interval = 50 * time.Millisecond
+	}
+	if cfg.Conns == 0 {
+		cfg.Conns = 8
+	}
+	if len(cfg.Windows) == 0 {
+		cfg.Windows = []Phase{PhaseBoth, PhasePushes, PhaseRequests, PhaseIdle}
+	}
+	up, err := StartUpstream()
+	if err != nil {
+		return nil, err
+	}
+	defer up.Close()
+	gw, err := StartGateway(ctx, cfg.Gateway)
+	if err != nil {
+		return nil, err
+	}
+	defer gw.Stop()
+	fleet := NewFleet(cfg.Endpoints, cfg.PerNode, up.Port, 1, true)
+	res := &Result{Config: cfg, Agents: len(fleet.Agents)}
+	token, push, client := gw.Stack.Token(), gw.Stack.PushURL(), gw.Stack.ClientURL()
+
+	probeEvents := make(chan ProbeEvent, 4)
+	pushStats := &PushStats{}
+	loadStats := &LoadStats{}
+	probe := &Probe{}
+
+	// Pushers (with the prober) and the load start and stop as the phases
+	// need them; the fleet keeps its state (sequences) across restarts.
+	var pushWG, loadWG sync.WaitGroup
+	stopPush, stopLoad := func() {}, func() {}
+	startPush := func() {
+		pctx, cancel := context.WithCancel(ctx)
+		stopPush = func() { cancel(); pushWG.Wait(); stopPush = func() {} }
+		pushWG.Add(2)
+		go func() {
+			defer pushWG.Done()
+			switch cfg.Mode {
+			case ModeDirectV1, ModeDirectV2:
+				v := 2
+				if cfg.Mode == ModeDirectV1 {
+					v = 1
+				}
+				RunDirect(pctx, fleet, DirectOptions{URLs: []string{push}, Token: token, Interval: cfg.Interval, Version: v,
+					Change: cfg.Change, Probe: probeEvents, Stats: pushStats})
+			case ModeRelay:
+				RunRelay(pctx, fleet, RelayOptions{URLs: []string{push}, Token: token, Interval: cfg.Interval,
+					Change: cfg.Change, Probe: probeEvents, Stats: pushStats})
+			case ModeAggregator:
+				RunDirect(pctx, fleet, DirectOptions{URLs: cfg.Aggregators, Token: token, Interval: cfg.Interval, Version: 2,
+					Change: cfg.Change, Probe: probeEvents, Stats: pushStats})
+			}
+		}()
+		go func() { defer pushWG.Done(); probe.Run(pctx, client, probeEvents, time.Millisecond) }()
+	}
+	startLoad := func() {
+		lctx, cancel := context.WithCancel(ctx)
+		stopLoad = func() { cancel(); loadWG.Wait(); stopLoad = func() {} }
+		loadWG.Add(1)
+		go func() { defer loadWG.Done(); RunLoad(lctx, client, "chat", cfg.Rate, cfg.Conns, loadStats) }()
+	}
+	defer func() { stopPush(); stopLoad() }()
+
+	logf("%s %d endpoints (%d agents): warming up %v", cfg.Mode, cfg.Endpoints, len(fleet.Agents), cfg.Warmup)
+	startPush()
+	startLoad()
+	if err := sleep(ctx, cfg.Warmup); err != nil {
+		return nil, err
+	}
+	pushing, loading := true, true
+	for _, ph := range cfg.Windows {
+		wantPush := ph == PhaseBoth || ph == PhasePushes
+		wantLoad := ph == PhaseBoth || ph == PhaseRequests
+		switch {
+		case pushing && !wantPush:
+			stopPush()
+		case !pushing && wantPush:
+			startPush()
+		}
+		switch {
+		case loading && !wantLoad:
+			stopLoad()
+		case !loading && wantLoad:
+			startLoad()
+		}
+		pushing, loading = wantPush, wantLoad
+		_ = sleep(ctx, time.Second) // let the previous phase drain
+		w, err := measure(ctx, gw, ph, cfg.Window, pushStats, loadStats, probe)
+		if err != nil {
+			return nil, err
+		}
+		logf("  %-16s cpu %6.1f ms/s  pushes %v  requests %v  lags %d missed %d", ph,
+			float64(w.CPU.Microseconds())/1e3/w.Duration.Seconds(), w.Pushes, w.Requests, len(w.Lags), w.Missed)
+		res.Windows = append(res.Windows, w)
+	}
+	return res, nil
+}
+
+func sleep(ctx context.Context, d time.Duration) error {
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-time.After(d):
+		return nil
+	}
+}
+
+type snapshot struct {
+	at      time.Time
+	cpu     time.Duration
+	stats   *Stats
+	pushes  map[int]int64
+	bytes   int64
+	perr    int64
+	reqs    map[int]int64
+	reqSent int64
+}
+
+func take(ctx context.Context, gw *Gateway, ps *PushStats, ls *LoadStats) (snapshot, error) {
+	var s snapshot
+	var err error
+	if s.stats, err = gw.ReadStats(ctx); err != nil {
+		return s, err
+	}
+	if s.cpu, err = gw.CPU(); err != nil {
+		return s, err
+	}
+	s.at = time.Now()
+	s.pushes, s.bytes, s.perr = ps.Statuses(), ps.Bytes.Load(), ps.Errors.Load()
+	s.reqs, s.reqSent = ls.Statuses(), ls.Sent.Load()
+	return s, nil
+}
+
+func measure(ctx context.Context, gw *Gateway, ph Phase, d time.Duration, ps *PushStats, ls *LoadStats, probe *Probe) (Window, error) {
+	a, err := take(ctx, gw, ps, ls)
+	if err != nil {
+		return Window{}, err
+	}
+	probe.Reset()
+	if err := sleep(ctx, d); err != nil {
+		return Window{}, err
+	}
+	b, err := take(ctx, gw, ps, ls)
+	if err != nil {
+		return Window{}, err
+	}
+	w := Window{Phase: ph, Duration: b.at.Sub(a.at), CPU: b.cpu - a.cpu,
+		Pushes: diff(b.pushes, a.pushes), PushBytes: b.bytes - a.bytes, PushErrors: b.perr - a.perr,
+		Requests: diff(b.reqs, a.reqs), RequestsSent: b.reqSent - a.reqSent}
+	w.ApplyCount, w.ApplyMicros = b.stats.HistDelta(a.stats, "wasm_epp.receiver.apply_us")
+	w.RequestCount, w.RequestUs = b.stats.HistDelta(a.stats, "wasm_epp.request_us")
+	w.Refreshes, w.RefreshMicros = b.stats.HistDelta(a.stats, "wasm_epp.snapshot.refresh_us")
+	w.CASRetries = b.stats.Delta(a.stats, "wasm_epp.receiver.cas_retries")
+	w.Contention = b.stats.Delta(a.stats, "wasm_epp.receiver.contention")
+	w.GuestMemory = b.stats.Values["wasm_epp.vm.memory_bytes"]
+	w.Lags, w.Missed, w.Polls = probe.Lags()
+	w.RSS, _ = gw.RSS()
+	return w, nil
+}
+
+func diff(b, a map[int]int64) map[int]int64 {
+	out := map[int]int64{}
+	for k, v := range b {
+		if d := v - a[k]; d != 0 {
+			out[k] = d
+		}
+	}
+	return out
+}

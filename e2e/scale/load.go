@@ -1,0 +1,186 @@
+package scale
+
+import (
+	"context"
+	"io"
+	"net"
+	"net/http"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// ServedByHeader is the response header the bench configures the router to
+// name the chosen endpoint in.
+const ServedByHeader = "x-served-by"
+
+// LoadStats counts requests by outcome.
+type LoadStats struct {
+	Sent, OK, Failed atomic.Int64
+	mu               sync.Mutex
+	byStatus         map[int]int64
+}
+
+func (s *LoadStats) status(code int) {
+	s.mu.Lock()
+	if s.byStatus == nil {
+		s.byStatus = map[int]int64{}
+	}
+	s.byStatus[code]++
+	s.mu.Unlock()
+}
+
+// Statuses returns the answers by HTTP status.
+func (s *LoadStats) Statuses() map[int]int64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := make(map[int]int64, len(s.byStatus))
+	for k, v := range s.byStatus {
+		out[k] = v
+	}
+	return out
+}
+
+func newRequestClient(conns int) *http.Client {
+	return &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{
+		Proxy:               nil,
+		DialContext:         (&net.Dialer{Timeout: time.Second}).DialContext,
+		MaxIdleConnsPerHost: conns,
+		MaxConnsPerHost:     conns,
+		IdleConnTimeout:     time.Minute,
+	}}
+}
+
+func chatBody(model string) string {
+	return `{"model":"` + model + `","messages":[{"role":"user","content":"Say hello in one word."}],"max_tokens":8}`
+}
+
+// send posts one chat request for model and returns the status and the
+// endpoint the router named.
+func send(ctx context.Context, c *http.Client, url, model string) (int, string, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url+"/v1/chat/completions", strings.NewReader(chatBody(model)))
+	if err != nil {
+		return 0, "", err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := c.Do(req)
+	if err != nil {
+		return 0, "", err
+	}
+	_, _ = io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	return resp.StatusCode, resp.Header.Get(ServedByHeader), nil
+}
+
+// RunLoad sends rate requests per second for model through url, open loop
+// (a request is started on schedule whatever the others do, up to conns at
+// once), until ctx ends.
+func RunLoad(ctx context.Context, url, model string, rate float64, conns int, st *LoadStats) {
+	if rate <= 0 {
+		<-ctx.Done()
+		return
+	}
+	c := newRequestClient(conns)
+	defer c.CloseIdleConnections()
+	sem := make(chan struct{}, conns)
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	period := time.Duration(float64(time.Second) / rate)
+	next := time.Now()
+	for {
+		next = next.Add(period)
+		if d := time.Until(next); d > 0 {
+			select {
+			case <-ctx.Done():
+				return
+			case <-time.After(d):
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case sem <- struct{}{}:
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			defer func() { <-sem }()
+			st.Sent.Add(1)
+			code, _, err := send(ctx, c, url, model)
+			switch {
+			case err != nil:
+				if ctx.Err() == nil {
+					st.Failed.Add(1)
+				}
+			case code == http.StatusOK:
+				st.OK.Add(1)
+				st.status(code)
+			default:
+				st.Failed.Add(1)
+				st.status(code)
+			}
+		}()
+	}
+}
+
+// Probe measures staleness: for each probe event it polls the router for
+// the probe's adapter every pollEvery until a response names the probe
+// endpoint, and records how long after the push was sent that was. An
+// event not seen within the probe epoch counts as missed.
+type Probe struct {
+	mu     sync.Mutex
+	lags   []time.Duration
+	missed int
+	polls  int
+}
+
+// Lags returns the measured staleness values and the misses.
+func (p *Probe) Lags() ([]time.Duration, int, int) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return append([]time.Duration(nil), p.lags...), p.missed, p.polls
+}
+
+// Reset forgets what was measured (a new window).
+func (p *Probe) Reset() {
+	p.mu.Lock()
+	p.lags, p.missed, p.polls = nil, 0, 0
+	p.mu.Unlock()
+}
+
+// Run consumes events until ctx ends.
+func (p *Probe) Run(ctx context.Context, url string, events <-chan ProbeEvent, pollEvery time.Duration) {
+	c := newRequestClient(2)
+	defer c.CloseIdleConnections()
+	want := "llm/" + ProbeName
+	for {
+		var ev ProbeEvent
+		select {
+		case <-ctx.Done():
+			return
+		case ev = <-events:
+		}
+		deadline := ev.Sent.Add(probeEpoch)
+		seen := false
+		for time.Now().Before(deadline) && ctx.Err() == nil {
+			code, by, err := send(ctx, c, url, ev.Adapter)
+			p.mu.Lock()
+			p.polls++
+			p.mu.Unlock()
+			if err == nil && code == http.StatusOK && by == want {
+				p.mu.Lock()
+				p.lags = append(p.lags, time.Since(ev.Sent))
+				p.mu.Unlock()
+				seen = true
+				break
+			}
+			time.Sleep(pollEvery)
+		}
+		if !seen && ctx.Err() == nil {
+			p.mu.Lock()
+			p.missed++
+			p.mu.Unlock()
+		}
+	}
+}

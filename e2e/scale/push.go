@@ -1,0 +1,283 @@
+package scale
+
+import (
+	"bytes"
+	"context"
+	"math/rand/v2"
+	"net"
+	"net/http"
+	"slices"
+	"sort"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/wasm-epp/wasm-epp/scheduler/wire"
+)
+
+// PushStats counts what pushers sent and what they were answered.
+type PushStats struct {
+	Sent    atomic.Int64
+	Bytes   atomic.Int64
+	Errors  atomic.Int64 // transport errors
+	mu      sync.Mutex
+	statuse map[int]int64
+}
+
+func (s *PushStats) status(code int) {
+	s.mu.Lock()
+	if s.statuse == nil {
+		s.statuse = map[int]int64{}
+	}
+	s.statuse[code]++
+	s.mu.Unlock()
+}
+
+// Statuses returns the answers by HTTP status.
+func (s *PushStats) Statuses() map[int]int64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := make(map[int]int64, len(s.statuse))
+	for k, v := range s.statuse {
+		out[k] = v
+	}
+	return out
+}
+
+// ProbeEvent says the probe agent started reporting adapter Adapter with a
+// push sent at Sent.
+type ProbeEvent struct {
+	Adapter string
+	Sent    time.Time
+}
+
+// probeEpoch is how long the probe keeps one adapter: a prober must find a
+// push visible before the next epoch replaces it.
+const probeEpoch = 500 * time.Millisecond
+
+// poster sends pushes over kept-alive connections.
+type poster struct {
+	client *http.Client
+	token  string
+	stats  *PushStats
+}
+
+func newPoster(token string, conns int, stats *PushStats) *poster {
+	tr := &http.Transport{
+		Proxy:               nil,
+		DialContext:         (&net.Dialer{Timeout: time.Second}).DialContext,
+		MaxIdleConnsPerHost: conns,
+		MaxConnsPerHost:     conns,
+		IdleConnTimeout:     time.Minute,
+	}
+	return &poster{client: &http.Client{Transport: tr, Timeout: 2 * time.Second}, token: token, stats: stats}
+}
+
+func (p *poster) post(ctx context.Context, url string, body []byte) int {
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader(body))
+	if err != nil {
+		p.stats.Errors.Add(1)
+		return 0
+	}
+	req.Header.Set("Authorization", "Bearer "+p.token)
+	req.Header.Set("Content-Type", wire.ContentType)
+	p.stats.Sent.Add(1)
+	p.stats.Bytes.Add(int64(len(body)))
+	resp, err := p.client.Do(req)
+	if err != nil {
+		if ctx.Err() == nil {
+			p.stats.Errors.Add(1)
+		}
+		return 0
+	}
+	var sink [512]byte
+	for {
+		if _, err := resp.Body.Read(sink[:]); err != nil {
+			break
+		}
+	}
+	resp.Body.Close()
+	p.stats.status(resp.StatusCode)
+	return resp.StatusCode
+}
+
+func (p *poster) close() { p.client.CloseIdleConnections() }
+
+// DirectOptions configure agents pushing on their own, each at its own
+// phase of the interval, to every URL (Envoy receivers, or aggregators).
+type DirectOptions struct {
+	URLs     []string
+	Token    string
+	Interval time.Duration
+	// Version is the wire version the agents speak (1 or 2).
+	Version int
+	// Change is the fraction of endpoints whose values move each scrape.
+	Change float64
+	// Probe receives the probe agent's adapter changes (may be nil).
+	Probe chan<- ProbeEvent
+	Stats *PushStats
+}
+
+// RunDirect runs every agent of f until ctx ends.
+func RunDirect(ctx context.Context, f *Fleet, o DirectOptions) {
+	p := newPoster(o.Token, max(8, len(f.Agents)/4), o.Stats)
+	defer p.close()
+	var wg sync.WaitGroup
+	rng := rand.New(rand.NewPCG(uint64(len(f.Agents)), 7))
+	for _, a := range f.Agents {
+		phase := time.Duration(rng.Int64N(int64(o.Interval)))
+		wg.Add(1)
+		go func(a *Agent) {
+			defer wg.Done()
+			select {
+			case <-ctx.Done():
+				return
+			case <-time.After(phase):
+			}
+			t := time.NewTicker(o.Interval)
+			defer t.Stop()
+			var buf []byte
+			lastAdapter := ""
+			for {
+				now := time.Now()
+				a.Step(now, o.Change)
+				var err error
+				if buf, err = a.Push(buf[:0], o.Version, now); err != nil {
+					panic(err) // the fleet only holds valid states
+				}
+				if a == f.Probe && o.Probe != nil && a.Eps[0].ActiveAdapters[0] != lastAdapter {
+					lastAdapter = a.Eps[0].ActiveAdapters[0]
+					select {
+					case o.Probe <- ProbeEvent{Adapter: lastAdapter, Sent: now}:
+					default:
+					}
+				}
+				for _, u := range o.URLs {
+					p.post(ctx, u, buf)
+				}
+				select {
+				case <-ctx.Done():
+					return
+				case <-t.C:
+				}
+			}
+		}(a)
+	}
+	wg.Wait()
+}
+
+// RelayOptions configure the in-process stand-in for the aggregator tier:
+// every Interval it sends each URL one relay push holding every agent's
+// latest block, as a healthy aggregator does when every agent pushed
+// within the interval (each agent scrapes at its own phase; its block's
+// held time and ages say how long ago).
+type RelayOptions struct {
+	URLs     []string
+	Token    string
+	Interval time.Duration
+	Change   float64
+	Probe    chan<- ProbeEvent
+	Stats    *PushStats
+	// Sender names the relay.
+	Sender string
+}
+
+// RunRelay sends relay pushes until ctx ends.
+func RunRelay(ctx context.Context, f *Fleet, o RelayOptions) {
+	p := newPoster(o.Token, 2*len(o.URLs), o.Stats)
+	defer p.close()
+	if o.Sender == "" {
+		o.Sender = "relay-0"
+	}
+	rng := rand.New(rand.NewPCG(uint64(len(f.Agents)), 9))
+	type agentClock struct {
+		a     *Agent
+		phase time.Duration
+		block []byte // the agent's latest push (version 2)
+		sent  time.Time
+	}
+	clocks := make([]agentClock, len(f.Agents))
+	for i, a := range f.Agents {
+		clocks[i] = agentClock{a: a, phase: time.Duration(rng.Int64N(int64(o.Interval)))}
+	}
+	slices.SortFunc(clocks, func(x, y agentClock) int { return compareStrings(x.a.ID, y.a.ID) })
+	epoch0 := time.Now()
+	t := time.NewTicker(o.Interval)
+	defer t.Stop()
+	var dec wire.PushDecoder
+	var out []byte
+	lastAdapter := ""
+	for {
+		now := time.Now()
+		// Each agent scraped and pushed at its phase within the last
+		// interval.
+		for i := range clocks {
+			c := &clocks[i]
+			since := now.Sub(epoch0)
+			at := now.Add(-((since - c.phase) % o.Interval))
+			if since < c.phase {
+				at = now
+			}
+			if !at.After(c.sent) {
+				continue
+			}
+			c.a.Step(at, o.Change)
+			b, err := c.a.Push(c.block[:0], 2, at)
+			if err != nil {
+				panic(err)
+			}
+			c.block, c.sent = b, at
+			if c.a == f.Probe && o.Probe != nil && c.a.Eps[0].ActiveAdapters[0] != lastAdapter {
+				lastAdapter = c.a.Eps[0].ActiveAdapters[0]
+				select {
+				case o.Probe <- ProbeEvent{Adapter: lastAdapter, Sent: at}:
+				default:
+				}
+			}
+		}
+		out = wire.AppendPushV2Header(out[:0], wire.KindRelay, o.Sender, now, len(clocks))
+		for i := range clocks {
+			v, err := dec.Decode(clocks[i].block, wire.Limits{})
+			if err != nil {
+				panic(err)
+			}
+			out = wire.AppendRelayBlock(out, v.Blocks[0], now.Sub(clocks[i].sent))
+		}
+		var wg sync.WaitGroup
+		for _, u := range o.URLs {
+			wg.Add(1)
+			go func(u string) { defer wg.Done(); p.post(ctx, u, out) }(u)
+		}
+		wg.Wait()
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+func compareStrings(a, b string) int {
+	switch {
+	case a < b:
+		return -1
+	case a > b:
+		return 1
+	}
+	return 0
+}
+
+// Percentiles returns the p-quantiles (0..1) of ds, nearest rank.
+func Percentiles(ds []time.Duration, ps ...float64) []time.Duration {
+	if len(ds) == 0 {
+		return make([]time.Duration, len(ps))
+	}
+	s := slices.Clone(ds)
+	sort.Slice(s, func(i, j int) bool { return s[i] < s[j] })
+	out := make([]time.Duration, len(ps))
+	for i, p := range ps {
+		k := int(p*float64(len(s))+0.5) - 1
+		out[i] = s[max(0, min(len(s)-1, k))]
+	}
+	return out
+}

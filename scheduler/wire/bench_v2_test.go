@@ -1,0 +1,101 @@
+package wire
+
+import (
+	"encoding/binary"
+	"fmt"
+	"testing"
+	"time"
+)
+
+// relayFleet is n endpoints over n/perNode agents and relay pushes of every
+// agent's state at successive rounds (values change, strings do not).
+func relayFleet(tb testing.TB, n, perNode, rounds int) [][]byte {
+	var d PushDecoder
+	out := make([][]byte, rounds)
+	for r := 0; r < rounds; r++ {
+		agents := n / perNode
+		ids := make([]string, agents)
+		for a := range ids {
+			ids[a] = fmt.Sprintf("node-%05d", a)
+		}
+		buf := AppendPushV2Header(nil, KindRelay, "agg-0", at(time.Duration(r)*50*time.Millisecond), agents)
+		for _, id := range ids { // already sorted
+			p := agentPush(tb, id, uint64(r+1), at(time.Duration(r)*50*time.Millisecond), agentState(id, perNode, uint32(3*(r+1)), at(time.Duration(r)*50*time.Millisecond)))
+			v, err := d.Decode(p, Limits{})
+			if err != nil {
+				tb.Fatal(err)
+			}
+			buf = AppendRelayBlock(buf, v.Blocks[0], 10*time.Millisecond)
+		}
+		out[r] = buf
+	}
+	return out
+}
+
+// BenchmarkRelayApply is the receiver's work for one relay push holding
+// every agent (all changed), and BenchmarkCacheRefresh a router's work to
+// follow it.
+func BenchmarkRelayApply(b *testing.B) {
+	for _, n := range []int{100, 1000, 5000} {
+		pushes := relayFleet(b, n, 2, 2)
+		b.Run(fmt.Sprintf("endpoints=%d", n), func(b *testing.B) {
+			st := &MemStore{}
+			w := NewWriter(testKeys, Limits{}, time.Hour)
+			if err := w.Init(st); err != nil {
+				b.Fatal(err)
+			}
+			b.ReportAllocs()
+			i := 0
+			for b.Loop() {
+				p := pushes[i%2]
+				setRelaySeq(p, uint64(i+1)) // every agent newer each time
+				if _, err := w.Apply(st, p, at(0)); err != nil {
+					b.Fatal(err)
+				}
+				i++
+			}
+			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N)/float64(n), "ns/endpoint")
+		})
+	}
+}
+
+// setRelaySeq gives every block of a relay push sequence number seq.
+func setRelaySeq(p []byte, seq uint64) {
+	off := 5 + int(p[4]) + pushV2Fixed
+	for off < len(p) {
+		binary.LittleEndian.PutUint64(p[off+bhSeq:], seq)
+		off += int(le32(p, off+bhLen))
+	}
+}
+
+func BenchmarkCacheRefresh(b *testing.B) {
+	for _, n := range []int{100, 1000, 5000} {
+		pushes := relayFleet(b, n, 2, 2)
+		b.Run(fmt.Sprintf("endpoints=%d", n), func(b *testing.B) {
+			// Two stores holding consecutive states; the cache alternates.
+			var st [2]*MemStore
+			for j := range st {
+				st[j] = &MemStore{}
+				w := NewWriter(testKeys, Limits{}, time.Hour)
+				if err := w.Init(st[j]); err != nil {
+					b.Fatal(err)
+				}
+				for k := 0; k <= j; k++ {
+					if _, err := w.Apply(st[j], pushes[k], at(time.Duration(k)*50*time.Millisecond)); err != nil {
+						b.Fatal(err)
+					}
+				}
+			}
+			c := NewCache(testKeys, Limits{})
+			i := 0
+			b.ReportAllocs()
+			for b.Loop() {
+				if _, _, err := c.Refresh(st[i%2]); err != nil {
+					b.Fatal(err)
+				}
+				i++
+			}
+			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N)/float64(n), "ns/endpoint")
+		})
+	}
+}

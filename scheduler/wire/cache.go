@@ -1,0 +1,497 @@
+package wire
+
+import (
+	"bytes"
+	"errors"
+	"math"
+	"strconv"
+	"strings"
+	"time"
+	"unsafe"
+
+	"github.com/wasm-epp/wasm-epp/scheduler"
+)
+
+// Cache is a router's view of layout version 2: a scheduler.Snapshot kept
+// up to date from shared data at the cost of what changed. Refresh reads
+// the directory (DirBytes) and compares its generation; only when it moved
+// are the segments whose generation moved read again, and only their
+// endpoints rewritten, in place. A block whose identity (strings,
+// endpoints, adapters) is unchanged has only its values rewritten, so an
+// ordinary metrics change allocates nothing and touches no string.
+//
+// The snapshot Refresh returns is owned by the Cache and rewritten by the
+// next Refresh: use it until then (a Proxy-Wasm VM handles one callback at
+// a time, and a request schedules within one). Not safe for concurrent use.
+type Cache struct {
+	keys    Keys
+	lim     Limits
+	checker blockChecker
+
+	dirBuf []byte
+	dir    Directory
+	valid  bool // dir holds what the snapshot was built from
+
+	segs [NumSegments]segView
+	// all is every endpoint of every segment, segment by segment; snap
+	// shows it (or, when two agents report the same endpoint, a copy
+	// without the older reports).
+	all  []scheduler.Endpoint
+	snap scheduler.Snapshot
+	// identity changes whenever an endpoint's identity, address or
+	// position may have changed (see Identity); tag names the content.
+	identity uint64
+	tag      uint64
+	// reports counts the blocks reporting each endpoint, kept as blocks
+	// come, go and change identity; dups counts endpoints reported more
+	// than once (then the snapshot is a deduplicated copy).
+	reports map[scheduler.EndpointID]int32
+	dups    int
+	ids     map[scheduler.EndpointID]int
+	deduped []scheduler.Endpoint
+
+	stats CacheStats
+}
+
+// CacheStats counts a Cache's work since it was made.
+type CacheStats struct {
+	// Changes: refreshes that found a new directory generation.
+	Changes int
+	// SegmentReads and BytesRead: segment values read. Rebuilds: blocks
+	// whose strings were made anew (their identity changed).
+	SegmentReads, BytesRead, Rebuilds int
+	// Errors: unreadable directory or segment values (the previous
+	// content was kept).
+	Errors int
+}
+
+// segView is one segment as the cache last read it.
+type segView struct {
+	known  bool
+	gen    uint32
+	buf    []byte // the value cur points into
+	cur    Segment
+	strs   []*blockStrings // parallel to cur.Blocks
+	off, n int             // its endpoints in Cache.all
+	newest int64           // latest received of its blocks
+
+	// the next value, while it is being checked
+	spare    []byte
+	next     Segment
+	nextStrs []*blockStrings
+	sameID   []bool // next block i has the identity of the block it replaces
+	refsSame []bool // ... and the same adapter lists
+	kept     []bool // current block j is carried over with its identity
+	changed  bool
+}
+
+// blockStrings are one block's strings, kept while its identity stays.
+type blockStrings struct {
+	strs     []string
+	adapters []string // backing array of the endpoints' adapter lists
+}
+
+// NewCache returns an empty cache reading keys.
+func NewCache(keys Keys, lim Limits) *Cache {
+	return &Cache{keys: keys, lim: lim.resolved()}
+}
+
+// Identity changes whenever an endpoint's identity, address or index in
+// the snapshot may have changed: values cached per endpoint index (such as
+// formatted destinations) stay valid while it does not.
+func (c *Cache) Identity() uint64 { return c.identity }
+
+// Tag names the content the snapshot was built from (every segment's
+// generation): two caches with the same Tag hold the same endpoints in the
+// same order, whatever directory generation they read.
+func (c *Cache) Tag() uint64 { return c.tag }
+
+// Directory is the directory the snapshot was built from (zero before the
+// first successful Refresh).
+func (c *Cache) Directory() *Directory { return &c.dir }
+
+// Stats returns the counters.
+func (c *Cache) Stats() CacheStats { return c.stats }
+
+// Refresh brings the snapshot up to date and returns it; changed says
+// whether it moved. On a read error it keeps what it could not read as it
+// was and returns the error with the snapshot.
+func (c *Cache) Refresh(st Store) (snap *scheduler.Snapshot, changed bool, err error) {
+	b, _, err := st.Get(c.keys.Dir, c.dirBuf[:0])
+	if cap(b) > cap(c.dirBuf) && cap(b) <= 2*DirBytes {
+		c.dirBuf = b[:0]
+	}
+	switch {
+	case errors.Is(err, ErrNotFound):
+		if !c.valid && len(c.all) == 0 {
+			return &c.snap, false, nil
+		}
+		c.reset()
+		return &c.snap, true, nil
+	case err != nil:
+		return &c.snap, false, err
+	}
+	if gen, ok := DirGen(b); ok && c.valid && gen == c.dir.Gen {
+		return &c.snap, false, nil
+	}
+	if err := DecodeDirectory(b, &c.dir); err != nil {
+		c.stats.Errors++
+		c.valid = false
+		return &c.snap, false, err
+	}
+	c.valid = true
+	c.stats.Changes++
+	layout, ident := false, false
+	var firstErr error
+	for k := range c.segs {
+		sv := &c.segs[k]
+		sv.changed = false
+		e := c.dir.Entries[k]
+		if sv.known && e.Gen == sv.gen {
+			continue
+		}
+		moved, strs, err := c.readSegment(st, k, e.Gen)
+		if err != nil {
+			c.stats.Errors++
+			if firstErr == nil {
+				firstErr = err
+			}
+		}
+		layout = layout || moved
+		ident = ident || strs
+	}
+	if layout {
+		c.relayout()
+	} else {
+		for k := range c.segs {
+			if c.segs[k].changed {
+				c.materialize(k, false)
+			}
+		}
+	}
+	if layout || ident {
+		c.identity++
+	}
+	c.publish()
+	return &c.snap, true, firstErr
+}
+
+// reset forgets everything (the directory is gone: a new Envoy, or the
+// keys changed).
+func (c *Cache) reset() {
+	for k := range c.segs {
+		c.segs[k] = segView{}
+	}
+	c.all, c.deduped, c.dups = c.all[:0], c.deduped[:0], 0
+	clear(c.reports)
+	c.valid = false
+	c.dir = Directory{}
+	c.identity++
+	c.publish()
+}
+
+// readSegment reads segment k again and makes it current. moved: its
+// endpoint count or block layout changed; strs: some block's identity
+// changed. On error the segment keeps its previous content (and is tried
+// again when its generation moves).
+func (c *Cache) readSegment(st Store, k int, dirGen uint32) (moved, strs bool, err error) {
+	sv := &c.segs[k]
+	var b []byte
+	if dirGen != 0 {
+		var gerr error
+		b, _, gerr = st.Get(c.keys.Segments[k], sv.spare[:0])
+		if cap(b) > cap(sv.spare) {
+			sv.spare = b[:0]
+		}
+		switch {
+		case errors.Is(gerr, ErrNotFound):
+			b = nil
+		case gerr != nil:
+			return false, false, gerr
+		}
+	}
+	sv.next.Blocks, sv.next.Gen = sv.next.Blocks[:0], dirGen
+	if len(b) > 0 {
+		c.stats.SegmentReads++
+		c.stats.BytesRead += len(b)
+		if e := walkSegment(b, k, &c.lim, &sv.next); e != nil {
+			sv.known, sv.gen = true, dirGen
+			return false, false, e
+		}
+	}
+	// Match each new block with the current block of the same identity:
+	// the receiver keeps a block's identity while its strings and
+	// endpoints stay, so only its values and adapters need reading. A
+	// block that fails its checks is left out (and reported); the rest of
+	// the segment is used.
+	sv.nextStrs, sv.sameID, sv.refsSame = sv.nextStrs[:0], sv.sameID[:0], sv.refsSame[:0]
+	sv.kept = append(sv.kept[:0], make([]bool, len(sv.cur.Blocks))...)
+	moved = len(sv.next.Blocks) != len(sv.cur.Blocks)
+	n := 0
+	good := sv.next.Blocks[:0]
+	for i, blk := range sv.next.Blocks {
+		at := len(good) // its position among the blocks kept
+		id := blk.Identity()
+		j := -1
+		if at < len(sv.cur.Blocks) && sv.cur.Blocks[at].Identity() == id {
+			j = at
+		} else {
+			for jj, o := range sv.cur.Blocks {
+				if o.Identity() == id {
+					j = jj
+					moved = true // the same block at another position
+					break
+				}
+			}
+		}
+		if j >= 0 && sv.cur.Blocks[j].Len() == blk.Len() && sv.cur.Blocks[j].nStrings() == blk.nStrings() {
+			if !checkRefs(blk, &c.lim) {
+				if err == nil {
+					err = errf(ErrInvalidField, "segment.blocks["+strconv.Itoa(i)+"].refs", -1, "adapter references out of range; block left out")
+				}
+				moved = true
+				continue
+			}
+			good = append(good, blk)
+			n += blk.Len()
+			sv.nextStrs = append(sv.nextStrs, sv.strs[j])
+			sv.sameID = append(sv.sameID, true)
+			sv.refsSame = append(sv.refsSame, sameRefs(blk, sv.cur.Blocks[j]))
+			sv.kept[j] = true
+			continue
+		}
+		// A new identity: check everything before using its indexes and
+		// strings.
+		e := c.checkNew(blk, i)
+		if e != nil {
+			if err == nil {
+				err = e
+			}
+			moved = true
+			continue
+		}
+		good = append(good, blk)
+		n += blk.Len()
+		strs, moved = true, moved || at >= len(sv.cur.Blocks) || sv.cur.Blocks[at].Len() != blk.Len()
+		var bs *blockStrings
+		for jj, o := range sv.cur.Blocks { // same strings, other endpoints or adapters?
+			if bytes.Equal(o.AgentID(), blk.AgentID()) && equalBytes(o.StringTable(), blk.StringTable()) {
+				bs = &blockStrings{strs: sv.strs[jj].strs}
+				break
+			}
+		}
+		if bs == nil {
+			c.stats.Rebuilds++
+			bs = &blockStrings{strs: blk.Strings(nil)}
+		}
+		sv.nextStrs = append(sv.nextStrs, bs)
+		sv.sameID = append(sv.sameID, false)
+		sv.refsSame = append(sv.refsSame, false)
+	}
+	sv.next.Blocks = good
+	// The new value (without the blocks left out) becomes the segment's
+	// content. Endpoints
+	// of blocks that went or changed identity stop counting as reported,
+	// those of new identities start.
+	for j, o := range sv.cur.Blocks {
+		if !sv.kept[j] {
+			c.count(o, sv.strs[j].strs, -1)
+		}
+	}
+	for i, blk := range sv.next.Blocks {
+		if !sv.sameID[i] {
+			c.count(blk, sv.nextStrs[i].strs, +1)
+		}
+	}
+	sv.buf, sv.spare = b, sv.buf
+	sv.cur, sv.next = sv.next, sv.cur
+	sv.strs, sv.nextStrs = sv.nextStrs, sv.strs
+	clear(sv.nextStrs) // drop references to strings no longer used
+	sv.known, sv.changed = true, true
+	sv.gen = dirGen
+	if len(b) > 0 {
+		sv.gen = sv.cur.Gen
+	}
+	sv.newest = 0
+	for _, blk := range sv.cur.Blocks {
+		sv.newest = max(sv.newest, blk.Received())
+	}
+	moved = moved || n != sv.n
+	sv.n = n
+	return moved, strs || moved, err
+}
+
+// checkNew checks a block whose identity the cache has not read before.
+func (c *Cache) checkNew(blk Block, i int) error {
+	if _, e := checkHeader(blk, &c.lim, inStorage, "segment.blocks", i, 0); e != nil {
+		return e
+	}
+	if e := checkRecords(blk, &c.lim, "segment.blocks", i, 0); e != nil {
+		return e
+	}
+	if e := c.checker.checkDeep(blk, &c.lim, "segment.blocks", i, 0); e != nil {
+		return e
+	}
+	return nil
+}
+
+// relayout places every segment's endpoints anew in c.all and fills them.
+func (c *Cache) relayout() {
+	total := 0
+	for k := range c.segs {
+		c.segs[k].off = total
+		total += c.segs[k].n
+	}
+	if cap(c.all) < total {
+		c.all = make([]scheduler.Endpoint, total, total+total/4)
+	}
+	c.all = c.all[:total]
+	for k := range c.segs {
+		c.materialize(k, true)
+	}
+}
+
+// materialize writes segment k's endpoints into its range of c.all: all
+// fields when full; else values always, identities only for blocks whose
+// identity is new and adapter lists only for blocks whose lists changed.
+// Fields are read with unchecked loads (load_le.go): walkSegment checked
+// that every record lies inside its block, checkRefs (or checkRecords) the
+// adapter references.
+func (c *Cache) materialize(k int, full bool) {
+	sv := &c.segs[k]
+	dst := c.all[sv.off : sv.off+sv.n]
+	i := 0
+	for bi, blk := range sv.cur.Blocks {
+		n := blk.Len()
+		if n == 0 {
+			continue
+		}
+		recv := blk.Received()
+		bs := sv.strs[bi]
+		strs := bs.strs
+		ident := full || !sv.sameID[bi]
+		adapters := full || !sv.refsSame[bi]
+		if adapters {
+			bs.adapters = bs.adapters[:0]
+		}
+		recs := unsafe.Pointer(&blk[blockHeaderBytes])
+		var refs unsafe.Pointer
+		if blk.nRefs() > 0 {
+			refs = unsafe.Pointer(&blk[blk.refsAt()])
+		}
+		for r := 0; r < n; r++ {
+			q := unsafe.Add(recs, r*recordBytes)
+			ep := &dst[i]
+			i++
+			if ident {
+				ep.ID = scheduler.EndpointID{Namespace: strs[ld16(q, erNamespace)], Name: strs[ld16(q, erName)]}
+				ep.Address = strs[ld16(q, erAddress)]
+				ep.Port = int(ld16(q, erPort))
+			}
+			m := &ep.Metrics
+			m.WaitingQueueSize = int(ld32(q, erWaiting))
+			m.RunningQueueSize = int(ld32(q, erRunning))
+			m.KVCacheUsage = math.Float64frombits(ld64(q, erKV))
+			m.MaxActiveModels = int(ld32(q, erMaxAdapters))
+			m.UpdateTime = time.Unix(0, clampTime(recv-int64(ld64(q, erAge))))
+			m.RoutedSinceUpdate = 0
+			if !adapters {
+				continue
+			}
+			first, na, nw := int(ld16(q, erRefsFirst)), int(*(*uint8)(unsafe.Add(q, erNActive))), int(*(*uint8)(unsafe.Add(q, erNWaiting)))
+			m.ActiveModels, m.WaitingModels = nil, nil
+			if na+nw == 0 {
+				continue
+			}
+			start := len(bs.adapters)
+			for j := 0; j < na+nw; j++ {
+				bs.adapters = append(bs.adapters, strs[ld16(refs, 2*(first+j))])
+			}
+			if na > 0 {
+				m.ActiveModels = bs.adapters[start : start+na : start+na]
+			}
+			if nw > 0 {
+				m.WaitingModels = bs.adapters[start+na : start+na+nw : start+na+nw]
+			}
+		}
+	}
+}
+
+// count adds delta to the reports of every endpoint of blk (whose strings
+// are strs), keeping dups.
+func (c *Cache) count(blk Block, strs []string, delta int32) {
+	if c.reports == nil {
+		c.reports = make(map[scheduler.EndpointID]int32)
+	}
+	for r := 0; r < blk.Len(); r++ {
+		rec := blk.Record(r)
+		id := scheduler.EndpointID{Namespace: strs[rec.Namespace()], Name: strs[rec.Name()]}
+		before := c.reports[id]
+		after := before + delta
+		switch {
+		case before > 1 && after <= 1:
+			c.dups--
+		case before <= 1 && after > 1:
+			c.dups++
+		}
+		if after == 0 {
+			delete(c.reports, id)
+		} else {
+			c.reports[id] = after
+		}
+	}
+}
+
+// publish points the snapshot at the endpoints: all of them, or when some
+// are reported twice, a copy keeping each one's newest report (address
+// and port break ties, so every Envoy replica keeps the same).
+func (c *Cache) publish() {
+	newest := int64(0)
+	h := uint64(14695981039346656037)
+	for k := range c.segs {
+		newest = max(newest, c.segs[k].newest)
+		h = (h ^ uint64(c.segs[k].gen)) * 1099511628211
+	}
+	c.tag = h
+	c.snap.Time = time.Time{}
+	if newest > 0 {
+		c.snap.Time = time.Unix(0, newest)
+	}
+	eps := c.all
+	if c.dups > 0 {
+		if c.ids == nil {
+			c.ids = make(map[scheduler.EndpointID]int, len(c.all))
+		}
+		clear(c.ids)
+		c.deduped = c.deduped[:0]
+		for i := range c.all {
+			e := &c.all[i]
+			j, seen := c.ids[e.ID]
+			if !seen {
+				c.ids[e.ID] = len(c.deduped)
+				c.deduped = append(c.deduped, *e)
+				continue
+			}
+			if newerReport(e, &c.deduped[j]) {
+				c.deduped[j] = *e
+			}
+		}
+		eps = c.deduped
+	}
+	if len(eps) == 0 {
+		eps = nil
+	}
+	c.snap.Endpoints = eps
+}
+
+// newerReport reports whether a should replace b as the report of one
+// endpoint: newer scrape, then lower address, then lower port.
+func newerReport(a, b *scheduler.Endpoint) bool {
+	if c := a.Metrics.UpdateTime.Compare(b.Metrics.UpdateTime); c != 0 {
+		return c > 0
+	}
+	if c := strings.Compare(a.Address, b.Address); c != 0 {
+		return c < 0
+	}
+	return a.Port < b.Port
+}

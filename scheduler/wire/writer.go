@@ -1,0 +1,641 @@
+package wire
+
+import (
+	"bytes"
+	"encoding/binary"
+	"errors"
+	"strconv"
+	"time"
+)
+
+// Store is what Envoy's shared data offers (the receiver adapts the
+// Proxy-Wasm calls to it; tests use MemStore). Get returns ErrNotFound for
+// an unknown key and may read into buf's storage; Set with a non-zero cas
+// fails with ErrCASMismatch when the key changed since that cas was read.
+type Store interface {
+	Get(key string, buf []byte) (value []byte, cas uint32, err error)
+	Set(key string, value []byte, cas uint32) error
+}
+
+// Store outcomes.
+var (
+	ErrNotFound    = errors.New("shared data: key not found")
+	ErrCASMismatch = errors.New("shared data: cas mismatch")
+	// ErrContention: other writers kept changing a key during every
+	// attempt (the receiver answers 503; the pusher retries next cycle).
+	ErrContention = errors.New("shared data kept changing")
+)
+
+// maxAttempts bounds each CAS loop; maxSweepsPerPush bounds the segments a
+// push rewrites to drop expired agents it did not carry.
+const (
+	maxAttempts      = 16
+	maxSweepsPerPush = 2
+)
+
+// Writer is the receiver's write step for layout version 2: it checks a
+// push, merges its agent blocks into their segments and updates the
+// directory, each with a CAS loop, so receivers on several worker threads
+// never lose each other's writes. It keeps its buffers between pushes and
+// allocates nothing per push once warm (version 1 pushes excepted: they are
+// decoded and converted). Not safe for concurrent use: one per VM.
+type Writer struct {
+	keys Keys
+	lim  Limits
+	// expiry: a stored agent block not replaced by a newer one for this
+	// long is dropped, by the next push that brings something new.
+	expiry time.Duration
+
+	dec     PushDecoder
+	checker blockChecker
+	dirBuf  []byte
+	dirOut  []byte
+	segs    [NumSegments]segWork
+	dir     Directory
+	order   []int // touched segments, ascending
+	// sweeping: this push brings something new, so expired blocks go.
+	sweeping bool
+}
+
+// segWork is one segment's part of a push.
+type segWork struct {
+	in      []Block // incoming blocks, sorted
+	buf     []byte  // stored value as read
+	cas     uint32
+	stored  Segment
+	out     []byte // the merged value
+	entry   DirEntry
+	changed bool // out differs from what is stored
+	written bool
+	// what the last merge did
+	accepted, stale, swept int
+	// known are identities of blocks this writer checked or wrote (see
+	// readSegment); dropped counts unreadable stored blocks left out.
+	known   []uint32
+	dropped int
+	// match[j] is the index of incoming block j's stored block, or -1;
+	// same[j] says they have the same identity (sameIdentity).
+	match []int
+	same  []bool
+}
+
+// ApplyStats says what one push did.
+type ApplyStats struct {
+	// Accepted counts blocks newer than what was stored; Stale those
+	// that were not (a relay carrying what another relay already wrote).
+	Accepted, Stale int
+	// Swept counts expired agent blocks dropped.
+	Swept int
+	// Segments written; Retries counts CAS mismatches that were retried.
+	Segments, Retries int
+	// Reset counts stored values that could not be read and were replaced.
+	Reset int
+}
+
+// NewWriter returns a writer for keys. lim bounds pushes and what is
+// stored; expiry is how long an agent's block stays after the last push
+// that brought a newer one (the plugin passes staleAfter).
+func NewWriter(keys Keys, lim Limits, expiry time.Duration) *Writer {
+	return &Writer{keys: keys, lim: lim.resolved(), expiry: expiry}
+}
+
+// Init creates every key that does not exist yet with an empty value. Call
+// it before the first push (the receiver does in its plugin start, which
+// Envoy runs on the main thread before any worker takes a request): shared
+// data has no "create if absent", and two first writes of a new key with
+// cas 0 would both succeed, one losing the other.
+func (w *Writer) Init(st Store) error {
+	for k, key := range w.keys.Segments {
+		if _, _, err := st.Get(key, w.segs[k].buf[:0]); errors.Is(err, ErrNotFound) {
+			if err := st.Set(key, appendSegmentHeader(nil, k, 0, 0), 0); err != nil {
+				return err
+			}
+		} else if err != nil {
+			return err
+		}
+	}
+	if _, _, err := st.Get(w.keys.Dir, w.dirBuf[:0]); errors.Is(err, ErrNotFound) {
+		return st.Set(w.keys.Dir, AppendDirectory(nil, &Directory{}), 0)
+	} else if err != nil {
+		return err
+	}
+	return nil
+}
+
+// Apply checks push and writes it. now is the receiver's clock.
+//
+// Errors: the decode errors (ErrFormat, ErrVersion, ErrTruncated,
+// ErrTrailing, ErrLimit, ErrInvalidField), ErrClockSkew, ErrStaleSequence
+// (an agent push not newer than the stored block), ErrLimit when storing it
+// would exceed MaxAgents, MaxTotalEndpoints or MaxStoredBytes: in these
+// cases nothing was written. ErrContention and store errors may come after
+// some segments were written (each agent's block is always whole).
+func (w *Writer) Apply(st Store, push []byte, now time.Time) (ApplyStats, error) {
+	var stats ApplyStats
+	// Shape only: a block whose identity (strings, endpoints, adapters)
+	// is what this agent's stored block has was deep-checked when that was
+	// stored, which is nearly every push of a healthy fleet.
+	v, err := w.dec.decode(push, &w.lim, false)
+	if err != nil {
+		return stats, err
+	}
+	nowNs := now.UnixNano()
+	if ahead := time.Duration(v.SendTime - nowNs); ahead > w.lim.MaxClockSkew {
+		return stats, errf(ErrClockSkew, "push.send_time", -1, quoteID(v.Sender)+" sent at "+
+			time.Unix(0, v.SendTime).UTC().Format(time.RFC3339Nano)+", "+ahead.String()+" ahead of the receiver's clock (limit "+
+			w.lim.MaxClockSkew.String()+"): check the clocks of the sender's node and of this Envoy")
+	}
+	// Group the blocks by segment (sorted input stays sorted per segment).
+	w.order = w.order[:0]
+	for i := range w.segs {
+		s := &w.segs[i]
+		s.in, s.changed, s.written = s.in[:0], false, false
+	}
+	for _, b := range v.Blocks {
+		k := SegmentOf(b.AgentID())
+		if len(w.segs[k].in) == 0 {
+			w.order = append(w.order, k)
+		}
+		w.segs[k].in = append(w.segs[k].in, b)
+	}
+	sortInts(w.order)
+	if err := w.readDir(st, &stats); err != nil {
+		return stats, err
+	}
+	cutoff := nowNs - int64(w.expiry)
+	for _, k := range w.order {
+		if err := w.readSegment(st, k, &stats); err != nil {
+			return stats, err
+		}
+		w.segs[k].pair()
+		if err := w.deepCheck(k); err != nil {
+			return stats, err
+		}
+	}
+	// Expired agents are dropped only by a push that brings something new:
+	// then the metrics path is alive. When nothing new arrives at all, the
+	// last state stays, for the router's fail-open policy.
+	w.sweeping = false
+	for _, k := range w.order {
+		w.sweeping = w.sweeping || w.bringsNews(k, nowNs, cutoff)
+	}
+	for _, k := range w.order {
+		w.merge(k, nowNs, cutoff)
+	}
+	if v.Kind == KindAgent && w.segs[w.order[0]].accepted == 0 {
+		b := v.Blocks[0]
+		return stats, errf(ErrStaleSequence, "push.seq", -1, "agent "+quoteID(b.AgentID())+" sent seq "+
+			strconv.FormatUint(b.Seq(), 10)+", last accepted "+strconv.FormatUint(w.storedSeq(w.order[0], b.AgentID()), 10))
+	}
+	if err := w.checkTotals(); err != nil {
+		return stats, err
+	}
+	for _, k := range w.order {
+		if err := w.writeSegment(st, k, nowNs, cutoff, &stats); err != nil {
+			return stats, err
+		}
+	}
+	for _, k := range w.order {
+		s := &w.segs[k]
+		stats.Accepted, stats.Stale, stats.Swept = stats.Accepted+s.accepted, stats.Stale+s.stale, stats.Swept+s.swept
+	}
+	if w.sweeping {
+		w.sweep(st, nowNs, cutoff, &stats)
+	}
+	if stats.Segments == 0 {
+		return stats, nil
+	}
+	return stats, w.writeDir(st, nowNs, stats.Accepted > 0, &stats)
+}
+
+func quoteID(b []byte) string { return strconv.Quote(string(b)) }
+
+func sortInts(s []int) {
+	for i := 1; i < len(s); i++ { // tiny lists
+		for j := i; j > 0 && s[j] < s[j-1]; j-- {
+			s[j], s[j-1] = s[j-1], s[j]
+		}
+	}
+}
+
+// readDir reads the directory into w.dir (empty when absent or unreadable).
+func (w *Writer) readDir(st Store, stats *ApplyStats) error {
+	b, _, err := st.Get(w.keys.Dir, w.dirBuf[:0])
+	if cap(b) > cap(w.dirBuf) {
+		w.dirBuf = b[:0]
+	}
+	switch {
+	case errors.Is(err, ErrNotFound):
+		w.dir = Directory{}
+		return nil
+	case err != nil:
+		return err
+	}
+	if DecodeDirectory(b, &w.dir) != nil {
+		stats.Reset++
+		return w.rebuildDir(st, stats)
+	}
+	return nil
+}
+
+// rebuildDir recomputes the directory from the segments themselves, when
+// it is unreadable (another build, or a bug, wrote it).
+func (w *Writer) rebuildDir(st Store, stats *ApplyStats) error {
+	gen := w.dir.Gen
+	w.dir = Directory{Gen: gen}
+	for k := range w.dir.Entries {
+		if err := w.readSegment(st, k, stats); err != nil {
+			return err
+		}
+		s := &w.segs[k]
+		e := DirEntry{Gen: s.stored.Gen, Agents: len(s.stored.Blocks), Bytes: len(s.buf)}
+		for _, b := range s.stored.Blocks {
+			e.Points += b.Len()
+			if e.Oldest == 0 || b.SentAt() < e.Oldest {
+				e.Oldest = b.SentAt()
+			}
+		}
+		w.dir.Entries[k] = e
+	}
+	return nil
+}
+
+// readSegment reads segment k (empty when absent; replaced when
+// unreadable).
+func (w *Writer) readSegment(st Store, k int, stats *ApplyStats) error {
+	s := &w.segs[k]
+	b, cas, err := st.Get(w.keys.Segments[k], s.buf[:0])
+	if cap(b) > cap(s.buf) {
+		s.buf = b[:0]
+	}
+	s.cas = cas
+	s.stored.Gen, s.stored.Blocks, s.dropped = 0, s.stored.Blocks[:0], 0
+	switch {
+	case errors.Is(err, ErrNotFound):
+		s.cas = 0
+		return nil
+	case err != nil:
+		return err
+	}
+	if e := readSegment(b, k, &w.lim, &s.stored); e != nil {
+		// Unreadable (another build, or a bug): start this segment afresh
+		// keeping its generation moving; its agents return with their
+		// next push.
+		g := uint32(0)
+		if len(b) >= 8 {
+			g = le32(b, 4)
+		}
+		s.stored.Gen, s.stored.Blocks = g, s.stored.Blocks[:0]
+		s.dropped++
+		stats.Reset++
+		return nil
+	}
+	// Blocks are kept as they are when other agents push: check fully,
+	// once, those this writer has not written or checked itself, and drop
+	// any that fail (routers would refuse to read them).
+	kept := s.stored.Blocks[:0]
+	for _, blk := range s.stored.Blocks {
+		if s.knows(blk.Identity()) || checkRecords(blk, &w.lim, "segment.blocks", -1, 0) == nil && w.checker.checkDeep(blk, &w.lim, "segment.blocks", -1, 0) == nil {
+			s.known = append(s.known, blk.Identity())
+			kept = append(kept, blk)
+			continue
+		}
+		s.dropped++
+		stats.Reset++
+	}
+	s.stored.Blocks = kept
+	return nil
+}
+
+// knows reports whether identity was checked (or written) by this writer.
+func (s *segWork) knows(identity uint32) bool {
+	for _, id := range s.known {
+		if id == identity {
+			return true
+		}
+	}
+	return false
+}
+
+func (w *Writer) storedSeq(k int, id []byte) uint64 {
+	if b := w.segs[k].storedBlock(id); b != nil {
+		return b.Seq()
+	}
+	return 0
+}
+
+// deepCheck deep-checks segment k's incoming blocks: the identity of those
+// whose identity differs from their agent's stored block, every block's
+// adapter lists.
+func (w *Writer) deepCheck(k int) *Error {
+	s := &w.segs[k]
+	for j, b := range s.in {
+		if s.same[j] { // identity checked when the stored block was
+			if err := w.checker.checkAdapters(b, "push.agent", -1, 0); err != nil {
+				return err
+			}
+			continue
+		}
+		if err := w.checker.checkDeep(b, &w.lim, "push.agent", -1, 0); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// pair fills match and same, walking the sorted stored and incoming
+// blocks once.
+func (s *segWork) pair() {
+	s.match, s.same = s.match[:0], s.same[:0]
+	i := 0
+	for _, b := range s.in {
+		id := b.AgentID()
+		for i < len(s.stored.Blocks) && bytes.Compare(s.stored.Blocks[i].AgentID(), id) < 0 {
+			i++
+		}
+		if i < len(s.stored.Blocks) && bytes.Equal(s.stored.Blocks[i].AgentID(), id) {
+			s.match = append(s.match, i)
+			s.same = append(s.same, sameIdentity(b, s.stored.Blocks[i]))
+		} else {
+			s.match = append(s.match, -1)
+			s.same = append(s.same, false)
+		}
+	}
+}
+
+// storedBlock is the stored block of agent id, or nil.
+func (s *segWork) storedBlock(id []byte) Block {
+	for _, o := range s.stored.Blocks {
+		if bytes.Equal(o.AgentID(), id) {
+			return o
+		}
+	}
+	return nil
+}
+
+// bringsNews reports whether some incoming block of segment k would be
+// stored.
+func (w *Writer) bringsNews(k int, now, cutoff int64) bool {
+	s := &w.segs[k]
+	for j, b := range s.in {
+		if pushedAt(b, now) < cutoff {
+			continue
+		}
+		if i := s.match[j]; i < 0 || b.Seq() > s.stored.Blocks[i].Seq() || s.stored.Blocks[i].SentAt() < cutoff {
+			return true
+		}
+	}
+	return false
+}
+
+// merge builds segment k's new value from its stored blocks and the
+// incoming ones: a newer block replaces the stored one, a block that is not
+// newer is skipped, expired stored blocks go.
+func (w *Writer) merge(k int, now, cutoff int64) {
+	s := &w.segs[k]
+	accepted, stale, swept := 0, 0, 0
+	old, in := s.stored.Blocks, s.in
+	gen := nextGen(s.stored.Gen)
+	s.out = appendSegmentHeader(s.out[:0], k, gen, 0)
+	e := DirEntry{}
+	n := 0
+	keep := func(b Block) {
+		s.out = append(s.out, b...)
+		n++
+		e.Points += b.Len()
+		if e.Oldest == 0 || b.SentAt() < e.Oldest {
+			e.Oldest = b.SentAt()
+		}
+	}
+	// add stores incoming block j: its identity is the stored block's when
+	// they have the same, else new (this generation: unique in the
+	// segment).
+	add := func(j int) {
+		b := in[j]
+		start := len(s.out)
+		s.out = append(s.out, b...)
+		ident := gen
+		if s.same[j] {
+			ident = old[s.match[j]].Identity()
+		}
+		stampBlock(s.out[start:], now, ident)
+		n++
+		accepted++
+		e.Points += b.Len()
+		if r := Block(s.out[start:]).SentAt(); e.Oldest == 0 || r < e.Oldest {
+			e.Oldest = r
+		}
+	}
+	i, j := 0, 0
+	for i < len(old) || j < len(in) {
+		c := 0
+		switch {
+		case i == len(old):
+			c = 1
+		case j == len(in):
+			c = -1
+		default:
+			c = bytes.Compare(old[i].AgentID(), in[j].AgentID())
+		}
+		// A pushed block the agent sent longer ago than the expiry (a relay
+		// still holding a dead agent's last push) is old news: never
+		// stored, so it cannot bring an agent back.
+		expiredIn := c >= 0 && pushedAt(in[j], now) < cutoff
+		switch {
+		case c < 0: // stored only
+			if w.sweeping && old[i].SentAt() < cutoff {
+				swept++
+			} else {
+				keep(old[i])
+			}
+			i++
+		case c > 0: // a new agent
+			if expiredIn {
+				stale++
+			} else {
+				add(j)
+			}
+			j++
+		default:
+			// An expired stored block is forgotten, sequence included: the
+			// agent is new again (it may have restarted).
+			oldExpired := w.sweeping && old[i].SentAt() < cutoff
+			switch {
+			case expiredIn:
+				stale++
+				if oldExpired {
+					swept++
+				} else {
+					keep(old[i])
+				}
+			case in[j].Seq() > old[i].Seq() || oldExpired:
+				add(j)
+			default:
+				keep(old[i])
+				stale++
+			}
+			i++
+			j++
+		}
+	}
+	binary.LittleEndian.PutUint16(s.out[8:], uint16(n))
+	e.Agents, e.Bytes, e.Gen = n, len(s.out), nextGen(s.stored.Gen)
+	s.entry = e
+	s.changed = accepted > 0 || swept > 0 || s.dropped > 0
+	s.accepted, s.stale, s.swept = accepted, stale, swept
+}
+
+// pushedAt is when a pushed block left its agent, on the receiver's clock.
+func pushedAt(b Block, now int64) int64 { return clampTime(now - b.Held()) }
+
+// stampBlock turns a pushed block into a stored one: received is now and
+// its identity is set. Ages and the held time stay as the sender measured
+// them; readers count them back from received.
+func stampBlock(b []byte, now int64, identity uint32) {
+	binary.LittleEndian.PutUint64(b[bhReceived:], uint64(now))
+	binary.LittleEndian.PutUint32(b[bhIdentity:], identity)
+}
+
+// checkTotals checks the limits over every segment, the touched ones
+// with their new content.
+func (w *Writer) checkTotals() error {
+	agents, points, size := 0, 0, 0
+	for k := range w.dir.Entries {
+		e := w.dir.Entries[k]
+		if len(w.segs[k].in) > 0 {
+			e = w.segs[k].entry
+		}
+		agents, points, size = agents+e.Agents, points+e.Points, size+e.Bytes
+	}
+	switch {
+	case agents > w.lim.MaxAgents:
+		return errf(ErrLimit, "stored.agents", -1, "storing this push would keep "+strconv.Itoa(agents)+" agents, limit "+strconv.Itoa(w.lim.MaxAgents))
+	case points > w.lim.MaxTotalEndpoints:
+		return errf(ErrLimit, "stored.endpoints", -1, "storing this push would keep "+strconv.Itoa(points)+" endpoints, limit "+strconv.Itoa(w.lim.MaxTotalEndpoints))
+	case size > w.lim.MaxStoredBytes:
+		return errf(ErrLimit, "stored.bytes", -1, "storing this push would keep "+strconv.Itoa(size)+" bytes, limit "+strconv.Itoa(w.lim.MaxStoredBytes))
+	}
+	return nil
+}
+
+// writeSegment stores segment k's merged value, merging again on top of
+// whatever another writer stored in between.
+func (w *Writer) writeSegment(st Store, k int, now, cutoff int64, stats *ApplyStats) error {
+	s := &w.segs[k]
+	for attempt := 1; ; attempt++ {
+		if !s.changed {
+			return nil
+		}
+		err := st.Set(w.keys.Segments[k], s.out, s.cas)
+		if err == nil {
+			s.written = true
+			s.rememberOut()
+			stats.Segments++
+			return nil
+		}
+		if !errors.Is(err, ErrCASMismatch) {
+			return err
+		}
+		if attempt == maxAttempts {
+			return errf(ErrContention, "segment "+strconv.Itoa(k), -1, "changed during "+strconv.Itoa(maxAttempts)+" attempts; retry")
+		}
+		stats.Retries++
+		if err := w.readSegment(st, k, stats); err != nil {
+			return err
+		}
+		// The incoming blocks were checked already; only their pairing
+		// with what is stored now changes.
+		s.pair()
+		w.merge(k, now, cutoff)
+	}
+}
+
+// sweep rewrites up to maxSweepsPerPush untouched segments whose oldest
+// block has expired.
+func (w *Writer) sweep(st Store, now, cutoff int64, stats *ApplyStats) {
+	done := 0
+	for k := range w.dir.Entries {
+		e := w.dir.Entries[k]
+		if done == maxSweepsPerPush || len(w.segs[k].in) > 0 || e.Agents == 0 || e.Oldest >= cutoff {
+			continue
+		}
+		done++
+		if w.readSegment(st, k, stats) != nil {
+			continue
+		}
+		w.segs[k].pair()
+		w.merge(k, now, cutoff)
+		if !w.segs[k].changed {
+			continue
+		}
+		if err := w.segs[k].setOnce(st, w.keys.Segments[k]); err == nil {
+			stats.Swept += w.segs[k].swept
+			stats.Segments++
+			w.order = append(w.order, k)
+		}
+	}
+}
+
+// setOnce writes the merged value if nobody wrote the segment since it was
+// read; a sweep that loses the race leaves the work to the next push.
+func (s *segWork) setOnce(st Store, key string) error {
+	err := st.Set(key, s.out, s.cas)
+	if err == nil {
+		s.written = true
+		s.rememberOut()
+	}
+	return err
+}
+
+// rememberOut makes the identities of the written value the known ones.
+func (s *segWork) rememberOut() {
+	s.known = s.known[:0]
+	for off := segHeaderBytes; off < len(s.out); off += int(le32(s.out, off+bhLen)) {
+		s.known = append(s.known, Block(s.out[off:]).Identity())
+	}
+}
+
+// writeDir records the written segments in the directory with a CAS loop.
+func (w *Writer) writeDir(st Store, now int64, accepted bool, stats *ApplyStats) error {
+	for attempt := 0; attempt < maxAttempts; attempt++ {
+		b, cas, err := st.Get(w.keys.Dir, w.dirBuf[:0])
+		if cap(b) > cap(w.dirBuf) {
+			w.dirBuf = b[:0]
+		}
+		switch {
+		case errors.Is(err, ErrNotFound):
+			w.dir, cas = Directory{}, 0
+		case err != nil:
+			return err
+		default:
+			if DecodeDirectory(b, &w.dir) != nil {
+				w.dir = Directory{}
+			}
+		}
+		for _, k := range w.order {
+			s := &w.segs[k]
+			if !s.written {
+				continue
+			}
+			// A later writer of the same segment may have recorded a newer
+			// generation already: never go back.
+			if cur := w.dir.Entries[k]; cur.Gen == 0 || serialNewer(s.entry.Gen, cur.Gen) {
+				w.dir.Entries[k] = s.entry
+			}
+		}
+		w.dir.Gen++
+		if accepted && now > w.dir.LastAccept {
+			w.dir.LastAccept = now
+		}
+		w.dirOut = AppendDirectory(w.dirOut[:0], &w.dir)
+		err = st.Set(w.keys.Dir, w.dirOut, cas)
+		if err == nil {
+			return nil
+		}
+		if !errors.Is(err, ErrCASMismatch) {
+			return err
+		}
+		stats.Retries++
+	}
+	return errf(ErrContention, "dir", -1, "changed during "+strconv.Itoa(maxAttempts)+" attempts; retry")
+}
