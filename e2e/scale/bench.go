@@ -55,6 +55,9 @@ const (
 	PhaseRequests Phase = "requests"
 	// PhaseIdle: nothing.
 	PhaseIdle Phase = "idle"
+	// PhaseStaleness: pushes and requests, and the staleness probe (its
+	// polls are requests too, so CPU is measured in the other phases).
+	PhaseStaleness Phase = "staleness"
 )
 
 // Window is what one phase measured.
@@ -104,7 +107,7 @@ func Run(ctx context.Context, cfg RunConfig) (*Result, error) {
 		cfg.Conns = 8
 	}
 	if len(cfg.Windows) == 0 {
-		cfg.Windows = []Phase{PhaseBoth, PhasePushes, PhaseRequests, PhaseIdle}
+		cfg.Windows = []Phase{PhaseBoth, PhaseStaleness, PhasePushes, PhaseRequests, PhaseIdle}
 	}
 	up, err := StartUpstream()
 	if err != nil {
@@ -169,8 +172,9 @@ func Run(ctx context.Context, cfg RunConfig) (*Result, error) {
 	}
 	pushing, loading := true, true
 	for _, ph := range cfg.Windows {
-		wantPush := ph == PhaseBoth || ph == PhasePushes
-		wantLoad := ph == PhaseBoth || ph == PhaseRequests
+		wantPush := ph == PhaseBoth || ph == PhasePushes || ph == PhaseStaleness
+		wantLoad := ph == PhaseBoth || ph == PhaseRequests || ph == PhaseStaleness
+		probe.Enable(ph == PhaseStaleness)
 		switch {
 		case pushing && !wantPush:
 			stopPush()

@@ -76,6 +76,18 @@ func NewFleet(endpoints, perNode int, port uint16, seed uint64, probe bool) *Fle
 		wire.Normalize(a.Eps)
 		f.Agents = append(f.Agents, a)
 	}
+	// Warm the agents' string tables: a real agent has run for a while, so
+	// every adapter its pods serve is in its table already (a new one
+	// would be a new block identity for every reader).
+	now := time.Now()
+	for _, a := range f.Agents {
+		for i := 0; i < 100; i++ {
+			a.Step(now, 1)
+			if _, err := a.Push(nil, 2, now); err != nil {
+				panic(err)
+			}
+		}
+	}
 	if probe {
 		f.Probe = &Agent{ID: "probe-agent", Seq: uint64(time.Now().UnixNano()), rng: rand.New(rand.NewPCG(seed, 1<<40)), serves: [][]string{nil},
 			Eps: []wire.EndpointState{{Namespace: "llm", Name: ProbeName, Address: netip.AddrFrom4([4]byte{127, 254, 254, 254}), Port: port, MaxAdapters: 1}}}

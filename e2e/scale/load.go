@@ -133,7 +133,11 @@ type Probe struct {
 	lags   []time.Duration
 	missed int
 	polls  int
+	on     atomic.Bool
 }
+
+// Enable turns the polling on or off (events are consumed either way).
+func (p *Probe) Enable(on bool) { p.on.Store(on) }
 
 // Lags returns the measured staleness values and the misses.
 func (p *Probe) Lags() ([]time.Duration, int, int) {
@@ -160,6 +164,9 @@ func (p *Probe) Run(ctx context.Context, url string, events <-chan ProbeEvent, p
 		case <-ctx.Done():
 			return
 		case ev = <-events:
+		}
+		if !p.on.Load() {
+			continue
 		}
 		deadline := ev.Sent.Add(probeEpoch)
 		seen := false

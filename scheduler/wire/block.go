@@ -633,17 +633,21 @@ func sameIdentity(a, b Block) bool {
 	return true
 }
 
-// sameRefs reports whether two blocks of the same identity have the same
-// adapter lists.
-func sameRefs(a, b Block) bool {
-	if a.nRefs() != b.nRefs() || !equalBytes(a[a.refsAt():a.lensAt()], b[b.refsAt():b.lensAt()]) {
-		return false
-	}
-	if a.Len() == 0 {
+// sameRefs reports whether two blocks of the same identity (and so the
+// same number of endpoints, n) have the same adapter lists. Both blocks'
+// layouts are checked (walkSegment, checkHeader), and both have nRefs refs.
+func sameRefs(a, b Block, n, nRefs int) bool {
+	if n == 0 {
 		return true
 	}
-	pa, pb := unsafe.Pointer(&a[blockHeaderBytes]), unsafe.Pointer(&b[blockHeaderBytes])
-	for off := erRefsFirst; off < a.Len()*recordBytes; off += recordBytes {
+	pa, pb := unsafe.Pointer(unsafe.SliceData(a)), unsafe.Pointer(unsafe.SliceData(b))
+	at := blockHeaderBytes + n*recordBytes
+	for off := 0; off < 2*nRefs; off += 2 {
+		if ld16(pa, at+off) != ld16(pb, at+off) {
+			return false
+		}
+	}
+	for off := blockHeaderBytes + erRefsFirst; off < at; off += recordBytes {
 		if ld32(pa, off) != ld32(pb, off) {
 			return false
 		}

@@ -71,18 +71,24 @@ type segView struct {
 	gen    uint32
 	buf    []byte // the value cur points into
 	cur    Segment
-	strs   []*blockStrings // parallel to cur.Blocks
-	off, n int             // its endpoints in Cache.all
-	newest int64           // latest received of its blocks
+	strs   []blockRead // parallel to cur.Blocks
+	off, n int         // its endpoints in Cache.all
+	newest int64       // latest received of its blocks
 
 	// the next value, while it is being checked
 	spare    []byte
 	next     Segment
-	nextStrs []*blockStrings
-	sameID   []bool // next block i has the identity of the block it replaces
-	refsSame []bool // ... and the same adapter lists
+	nextStrs []blockRead
 	kept     []bool // current block j is carried over with its identity
 	changed  bool
+}
+
+// blockRead is how a segment's block was read: its strings, and whether
+// it has the identity (sameID) and the adapter lists (refsSame) of the
+// block it replaced.
+type blockRead struct {
+	strs             *blockStrings
+	sameID, refsSame bool
 }
 
 // blockStrings are one block's strings, kept while its identity stays.
@@ -224,59 +230,63 @@ func (c *Cache) readSegment(st Store, k int, dirGen uint32) (moved, strs bool, e
 	// endpoints stay, so only its values and adapters need reading. A
 	// block that fails its checks is left out (and reported); the rest of
 	// the segment is used.
-	sv.nextStrs, sv.sameID, sv.refsSame = sv.nextStrs[:0], sv.sameID[:0], sv.refsSame[:0]
+	sv.nextStrs = sv.nextStrs[:0]
 	sv.kept = append(sv.kept[:0], make([]bool, len(sv.cur.Blocks))...)
 	moved = len(sv.next.Blocks) != len(sv.cur.Blocks)
 	n := 0
-	good := sv.next.Blocks[:0]
-	for i, blk := range sv.next.Blocks {
-		at := len(good) // its position among the blocks kept
-		id := blk.Identity()
+	cur, next := sv.cur.Info, sv.next.Info
+	kept := 0 // blocks kept so far; they move down over the ones left out
+	for i := range next {
+		bi := &next[i]
+		blk := sv.next.Blocks[i]
+		if kept != i {
+			sv.next.Blocks[kept], next[kept] = blk, *bi
+			bi = &next[kept]
+		}
+		at := kept // its position among the blocks kept
 		j := -1
-		if at < len(sv.cur.Blocks) && sv.cur.Blocks[at].Identity() == id {
+		if at < len(cur) && cur[at].Identity == bi.Identity {
 			j = at
 		} else {
-			for jj, o := range sv.cur.Blocks {
-				if o.Identity() == id {
+			for jj := range cur {
+				if cur[jj].Identity == bi.Identity {
 					j = jj
 					moved = true // the same block at another position
 					break
 				}
 			}
 		}
-		if j >= 0 && sv.cur.Blocks[j].Len() == blk.Len() && sv.cur.Blocks[j].nStrings() == blk.nStrings() {
-			if !checkRefs(blk, &c.lim) {
+		if j >= 0 && cur[j].Len == bi.Len && cur[j].Strings == bi.Strings {
+			refsSame := cur[j].Refs == bi.Refs && sameRefs(blk, sv.cur.Blocks[j], bi.Len, bi.Refs)
+			if !refsSame && !checkRefs(blk, &c.lim) {
 				if err == nil {
 					err = errf(ErrInvalidField, "segment.blocks["+strconv.Itoa(i)+"].refs", -1, "adapter references out of range; block left out")
 				}
 				moved = true
 				continue
 			}
-			good = append(good, blk)
-			n += blk.Len()
-			sv.nextStrs = append(sv.nextStrs, sv.strs[j])
-			sv.sameID = append(sv.sameID, true)
-			sv.refsSame = append(sv.refsSame, sameRefs(blk, sv.cur.Blocks[j]))
+			kept++
+			n += bi.Len
+			sv.nextStrs = append(sv.nextStrs, blockRead{sv.strs[j].strs, true, refsSame})
 			sv.kept[j] = true
 			continue
 		}
 		// A new identity: check everything before using its indexes and
 		// strings.
-		e := c.checkNew(blk, i)
-		if e != nil {
+		if e := c.checkNew(blk, i); e != nil {
 			if err == nil {
 				err = e
 			}
 			moved = true
 			continue
 		}
-		good = append(good, blk)
-		n += blk.Len()
-		strs, moved = true, moved || at >= len(sv.cur.Blocks) || sv.cur.Blocks[at].Len() != blk.Len()
+		kept++
+		n += bi.Len
+		strs, moved = true, moved || at >= len(cur) || cur[at].Len != bi.Len
 		var bs *blockStrings
 		for jj, o := range sv.cur.Blocks { // same strings, other endpoints or adapters?
 			if bytes.Equal(o.AgentID(), blk.AgentID()) && equalBytes(o.StringTable(), blk.StringTable()) {
-				bs = &blockStrings{strs: sv.strs[jj].strs}
+				bs = &blockStrings{strs: sv.strs[jj].strs.strs}
 				break
 			}
 		}
@@ -284,23 +294,21 @@ func (c *Cache) readSegment(st Store, k int, dirGen uint32) (moved, strs bool, e
 			c.stats.Rebuilds++
 			bs = &blockStrings{strs: blk.Strings(nil)}
 		}
-		sv.nextStrs = append(sv.nextStrs, bs)
-		sv.sameID = append(sv.sameID, false)
-		sv.refsSame = append(sv.refsSame, false)
+		sv.nextStrs = append(sv.nextStrs, blockRead{bs, false, false})
 	}
-	sv.next.Blocks = good
+	sv.next.Blocks, sv.next.Info = sv.next.Blocks[:kept], next[:kept]
 	// The new value (without the blocks left out) becomes the segment's
 	// content. Endpoints
 	// of blocks that went or changed identity stop counting as reported,
 	// those of new identities start.
 	for j, o := range sv.cur.Blocks {
 		if !sv.kept[j] {
-			c.count(o, sv.strs[j].strs, -1)
+			c.count(o, sv.strs[j].strs.strs, -1)
 		}
 	}
 	for i, blk := range sv.next.Blocks {
-		if !sv.sameID[i] {
-			c.count(blk, sv.nextStrs[i].strs, +1)
+		if !sv.nextStrs[i].sameID {
+			c.count(blk, sv.nextStrs[i].strs.strs, +1)
 		}
 	}
 	sv.buf, sv.spare = b, sv.buf
@@ -313,8 +321,8 @@ func (c *Cache) readSegment(st Store, k int, dirGen uint32) (moved, strs bool, e
 		sv.gen = sv.cur.Gen
 	}
 	sv.newest = 0
-	for _, blk := range sv.cur.Blocks {
-		sv.newest = max(sv.newest, blk.Received())
+	for i := range sv.cur.Info {
+		sv.newest = max(sv.newest, sv.cur.Info[i].Received)
 	}
 	moved = moved || n != sv.n
 	sv.n = n
@@ -362,15 +370,15 @@ func (c *Cache) materialize(k int, full bool) {
 	dst := c.all[sv.off : sv.off+sv.n]
 	i := 0
 	for bi, blk := range sv.cur.Blocks {
-		n := blk.Len()
+		n := sv.cur.Info[bi].Len
 		if n == 0 {
 			continue
 		}
-		recv := blk.Received()
-		bs := sv.strs[bi]
+		recv := sv.cur.Info[bi].Received
+		bs := sv.strs[bi].strs
 		strs := bs.strs
-		ident := full || !sv.sameID[bi]
-		adapters := full || !sv.refsSame[bi]
+		ident := full || !sv.strs[bi].sameID
+		adapters := full || !sv.strs[bi].refsSame
 		if adapters {
 			bs.adapters = bs.adapters[:0]
 		}

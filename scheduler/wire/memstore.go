@@ -44,11 +44,13 @@ func (m *MemStore) Set(key string, value []byte, cas uint32) error {
 	if m.vals == nil {
 		m.vals = map[string]memValue{}
 	}
-	if v, ok := m.vals[key]; ok && cas != 0 && v.cas != cas {
+	v, ok := m.vals[key]
+	if ok && cas != 0 && v.cas != cas {
 		return ErrCASMismatch
 	}
 	m.cas++
-	m.vals[key] = memValue{b: append([]byte(nil), value...), cas: m.cas}
+	// Get hands out copies, so the old value's storage can be reused.
+	m.vals[key] = memValue{b: append(v.b[:0], value...), cas: m.cas}
 	return nil
 }
 

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/binary"
 	"strconv"
+	"unsafe"
 )
 
 // Shared-data layout version 2: a directory and NumSegments segments (see
@@ -161,13 +162,43 @@ type Segment struct {
 	Index  int
 	Gen    uint32
 	Blocks []Block
+	// Info[i] is Blocks[i]'s header, read once (walkSegment).
+	Info []BlockInfo
+}
+
+// BlockInfo is what readers use of a block's header, read once so that
+// merging and matching do not read it again field by field (in the Wasm
+// guest every bounds-checked read counts).
+type BlockInfo struct {
+	ID             []byte // the agent id (string 0)
+	Seq            uint64
+	Held, Received int64
+	Len            int // endpoints
+	Refs, Strings  int
+	Identity       uint32
+}
+
+// SentAt is when the agent sent the block, on the receiver's clock.
+func (i *BlockInfo) SentAt() int64 { return clampTime(i.Received - i.Held) }
+
+// info reads a block's header; the block's layout has been checked.
+func info(b Block) BlockInfo {
+	p := unsafe.Pointer(unsafe.SliceData(b))
+	n, nrefs := int(ld16(p, bhEps)), int(ld16(p, bhRefs))
+	lens := blockHeaderBytes + n*recordBytes + 2*nrefs
+	strs := lens + int(ld16(p, bhStrs))
+	return BlockInfo{ID: b[strs : strs+int(b[lens])], Seq: ld64(p, bhSeq), Held: int64(ld64(p, bhHeld)),
+		Received: int64(ld64(p, bhReceived)), Len: n, Refs: nrefs, Strings: int(ld16(p, bhStrs)), Identity: ld32(p, bhIdentity)}
 }
 
 // readSegment checks a stored segment value into s (reusing s.Blocks): the
 // segment's header and each block's, so its blocks can be walked, copied
 // and merged (checkHeader), in the order and segment the writer keeps them.
 // The writer reads what it is about to merge into this way.
-func readSegment(b []byte, index int, lim *Limits, s *Segment) *Error {
+//
+// known, when set, says which identities the caller checked before: their
+// blocks' segment is not hashed again.
+func readSegment(b []byte, index int, lim *Limits, s *Segment, known func(uint32) bool) *Error {
 	if err := walkSegment(b, index, lim, s); err != nil {
 		return err
 	}
@@ -176,10 +207,14 @@ func readSegment(b []byte, index int, lim *Limits, s *Segment) *Error {
 		if _, err := checkHeader(blk, lim, inStorage, "segment.blocks", i, off); err != nil {
 			return err
 		}
-		if SegmentOf(blk.AgentID()) != index {
-			return errf(ErrInvalidField, "segment.blocks["+strconv.Itoa(i)+"]", off, "agent "+strconv.Quote(string(blk.AgentID()))+" belongs in segment "+strconv.Itoa(SegmentOf(blk.AgentID())))
+		s.Info[i] = info(blk) // the header is checked now: the id is string 0
+		id := s.Info[i].ID
+		if known == nil || !known(s.Info[i].Identity) {
+			if SegmentOf(id) != index {
+				return errf(ErrInvalidField, "segment.blocks["+strconv.Itoa(i)+"]", off, "agent "+strconv.Quote(string(id))+" belongs in segment "+strconv.Itoa(SegmentOf(id)))
+			}
 		}
-		if i > 0 && bytes.Compare(s.Blocks[i-1].AgentID(), blk.AgentID()) >= 0 {
+		if i > 0 && bytes.Compare(s.Info[i-1].ID, id) >= 0 {
 			return errf(ErrInvalidField, "segment.blocks["+strconv.Itoa(i)+"]", off, "agents not sorted and unique")
 		}
 		off += len(blk)
@@ -193,7 +228,7 @@ func readSegment(b []byte, index int, lim *Limits, s *Segment) *Error {
 // A block a router has not seen before must then pass checkHeader,
 // checkRecords and checkDeep before anything else of it is used.
 func walkSegment(b []byte, index int, lim *Limits, s *Segment) *Error {
-	s.Blocks = s.Blocks[:0]
+	s.Blocks, s.Info = s.Blocks[:0], s.Info[:0]
 	if err := checkMagic(b, magicSegment, "segment", 0); err != nil {
 		return err
 	}
@@ -222,6 +257,9 @@ func walkSegment(b []byte, index int, lim *Limits, s *Segment) *Error {
 			return errf(ErrTruncated, "segment.blocks["+strconv.Itoa(i)+"]", off, "block of "+strconv.Itoa(size)+" bytes does not fit its records in the "+strconv.Itoa(rest)+" bytes left")
 		}
 		s.Blocks = append(s.Blocks, Block(b[off:off+size]))
+		p := unsafe.Pointer(&b[off]) // the block header is inside b
+		s.Info = append(s.Info, BlockInfo{Len: int(ld16(p, bhEps)), Refs: int(ld16(p, bhRefs)), Strings: int(ld16(p, bhStrs)), Identity: ld32(p, bhIdentity),
+			Received: int64(ld64(p, bhReceived)), Held: int64(ld64(p, bhHeld)), Seq: ld64(p, bhSeq)})
 		off += size
 	}
 	if off != len(b) {

@@ -60,6 +60,7 @@ type Writer struct {
 // segWork is one segment's part of a push.
 type segWork struct {
 	in      []Block // incoming blocks, sorted
+	inInfo  []BlockInfo
 	buf     []byte  // stored value as read
 	cas     uint32
 	stored  Segment
@@ -149,14 +150,16 @@ func (w *Writer) Apply(st Store, push []byte, now time.Time) (ApplyStats, error)
 	w.order = w.order[:0]
 	for i := range w.segs {
 		s := &w.segs[i]
-		s.in, s.changed, s.written = s.in[:0], false, false
+		s.in, s.inInfo, s.changed, s.written = s.in[:0], s.inInfo[:0], false, false
 	}
 	for _, b := range v.Blocks {
-		k := SegmentOf(b.AgentID())
+		bi := info(b)
+		k := SegmentOf(bi.ID)
 		if len(w.segs[k].in) == 0 {
 			w.order = append(w.order, k)
 		}
 		w.segs[k].in = append(w.segs[k].in, b)
+		w.segs[k].inInfo = append(w.segs[k].inInfo, bi)
 	}
 	sortInts(w.order)
 	if err := w.readDir(st, &stats); err != nil {
@@ -182,10 +185,14 @@ func (w *Writer) Apply(st Store, push []byte, now time.Time) (ApplyStats, error)
 	for _, k := range w.order {
 		w.merge(k, nowNs, cutoff)
 	}
-	if v.Kind == KindAgent && w.segs[w.order[0]].accepted == 0 {
-		b := v.Blocks[0]
-		return stats, errf(ErrStaleSequence, "push.seq", -1, "agent "+quoteID(b.AgentID())+" sent seq "+
-			strconv.FormatUint(b.Seq(), 10)+", last accepted "+strconv.FormatUint(w.storedSeq(w.order[0], b.AgentID()), 10))
+	if s := &w.segs[w.order[0]]; v.Kind == KindAgent && s.accepted == 0 {
+		in := &s.inInfo[0]
+		last := uint64(0)
+		if i := s.match[0]; i >= 0 {
+			last = s.stored.Info[i].Seq
+		}
+		return stats, errf(ErrStaleSequence, "push.seq", -1, "agent "+quoteID(in.ID)+" sent seq "+
+			strconv.FormatUint(in.Seq, 10)+", last accepted "+strconv.FormatUint(last, 10))
 	}
 	if err := w.checkTotals(); err != nil {
 		return stats, err
@@ -249,10 +256,11 @@ func (w *Writer) rebuildDir(st Store, stats *ApplyStats) error {
 		}
 		s := &w.segs[k]
 		e := DirEntry{Gen: s.stored.Gen, Agents: len(s.stored.Blocks), Bytes: len(s.buf)}
-		for _, b := range s.stored.Blocks {
-			e.Points += b.Len()
-			if e.Oldest == 0 || b.SentAt() < e.Oldest {
-				e.Oldest = b.SentAt()
+		for i := range s.stored.Info {
+			bi := &s.stored.Info[i]
+			e.Points += bi.Len
+			if t := bi.SentAt(); e.Oldest == 0 || t < e.Oldest {
+				e.Oldest = t
 			}
 		}
 		w.dir.Entries[k] = e
@@ -277,7 +285,7 @@ func (w *Writer) readSegment(st Store, k int, stats *ApplyStats) error {
 	case err != nil:
 		return err
 	}
-	if e := readSegment(b, k, &w.lim, &s.stored); e != nil {
+	if e := readSegment(b, k, &w.lim, &s.stored, s.knows); e != nil {
 		// Unreadable (another build, or a bug): start this segment afresh
 		// keeping its generation moving; its agents return with their
 		// next push.
@@ -293,17 +301,20 @@ func (w *Writer) readSegment(st Store, k int, stats *ApplyStats) error {
 	// Blocks are kept as they are when other agents push: check fully,
 	// once, those this writer has not written or checked itself, and drop
 	// any that fail (routers would refuse to read them).
-	kept := s.stored.Blocks[:0]
-	for _, blk := range s.stored.Blocks {
-		if s.knows(blk.Identity()) || checkRecords(blk, &w.lim, "segment.blocks", -1, 0) == nil && w.checker.checkDeep(blk, &w.lim, "segment.blocks", -1, 0) == nil {
-			s.known = append(s.known, blk.Identity())
-			kept = append(kept, blk)
-			continue
+	kept, keptInfo := s.stored.Blocks[:0], s.stored.Info[:0]
+	for i, blk := range s.stored.Blocks {
+		bi := s.stored.Info[i]
+		if !s.knows(bi.Identity) {
+			if checkRecords(blk, &w.lim, "segment.blocks", -1, 0) != nil || w.checker.checkDeep(blk, &w.lim, "segment.blocks", -1, 0) != nil {
+				s.dropped++
+				stats.Reset++
+				continue
+			}
+			s.known = append(s.known, bi.Identity)
 		}
-		s.dropped++
-		stats.Reset++
+		kept, keptInfo = append(kept, blk), append(keptInfo, bi)
 	}
-	s.stored.Blocks = kept
+	s.stored.Blocks, s.stored.Info = kept, keptInfo
 	return nil
 }
 
@@ -317,13 +328,6 @@ func (s *segWork) knows(identity uint32) bool {
 	return false
 }
 
-func (w *Writer) storedSeq(k int, id []byte) uint64 {
-	if b := w.segs[k].storedBlock(id); b != nil {
-		return b.Seq()
-	}
-	return 0
-}
-
 // deepCheck deep-checks segment k's incoming blocks: the identity of those
 // whose identity differs from their agent's stored block, every block's
 // adapter lists.
@@ -331,6 +335,9 @@ func (w *Writer) deepCheck(k int) *Error {
 	s := &w.segs[k]
 	for j, b := range s.in {
 		if s.same[j] { // identity checked when the stored block was
+			if o := &s.stored.Info[s.match[j]]; o.Refs == s.inInfo[j].Refs && sameRefs(b, s.stored.Blocks[s.match[j]], o.Len, o.Refs) {
+				continue // and so were these adapter lists
+			}
 			if err := w.checker.checkAdapters(b, "push.agent", -1, 0); err != nil {
 				return err
 			}
@@ -348,14 +355,15 @@ func (w *Writer) deepCheck(k int) *Error {
 func (s *segWork) pair() {
 	s.match, s.same = s.match[:0], s.same[:0]
 	i := 0
-	for _, b := range s.in {
-		id := b.AgentID()
-		for i < len(s.stored.Blocks) && bytes.Compare(s.stored.Blocks[i].AgentID(), id) < 0 {
+	stored := s.stored.Info
+	for j := range s.inInfo {
+		id := s.inInfo[j].ID
+		for i < len(stored) && bytes.Compare(stored[i].ID, id) < 0 {
 			i++
 		}
-		if i < len(s.stored.Blocks) && bytes.Equal(s.stored.Blocks[i].AgentID(), id) {
+		if i < len(stored) && bytes.Equal(stored[i].ID, id) {
 			s.match = append(s.match, i)
-			s.same = append(s.same, sameIdentity(b, s.stored.Blocks[i]))
+			s.same = append(s.same, sameIdentity(s.in[j], s.stored.Blocks[i]))
 		} else {
 			s.match = append(s.match, -1)
 			s.same = append(s.same, false)
@@ -363,25 +371,16 @@ func (s *segWork) pair() {
 	}
 }
 
-// storedBlock is the stored block of agent id, or nil.
-func (s *segWork) storedBlock(id []byte) Block {
-	for _, o := range s.stored.Blocks {
-		if bytes.Equal(o.AgentID(), id) {
-			return o
-		}
-	}
-	return nil
-}
-
 // bringsNews reports whether some incoming block of segment k would be
 // stored.
 func (w *Writer) bringsNews(k int, now, cutoff int64) bool {
 	s := &w.segs[k]
-	for j, b := range s.in {
-		if pushedAt(b, now) < cutoff {
+	for j := range s.inInfo {
+		in := &s.inInfo[j]
+		if clampTime(now-in.Held) < cutoff {
 			continue
 		}
-		if i := s.match[j]; i < 0 || b.Seq() > s.stored.Blocks[i].Seq() || s.stored.Blocks[i].SentAt() < cutoff {
+		if i := s.match[j]; i < 0 || in.Seq > s.stored.Info[i].Seq || s.stored.Info[i].SentAt() < cutoff {
 			return true
 		}
 	}
@@ -394,99 +393,99 @@ func (w *Writer) bringsNews(k int, now, cutoff int64) bool {
 func (w *Writer) merge(k int, now, cutoff int64) {
 	s := &w.segs[k]
 	accepted, stale, swept := 0, 0, 0
-	old, in := s.stored.Blocks, s.in
+	old, oldInfo := s.stored.Blocks, s.stored.Info
 	gen := nextGen(s.stored.Gen)
 	s.out = appendSegmentHeader(s.out[:0], k, gen, 0)
 	e := DirEntry{}
 	n := 0
-	keep := func(b Block) {
-		s.out = append(s.out, b...)
+	keep := func(i int) {
+		s.out = append(s.out, old[i]...)
 		n++
-		e.Points += b.Len()
-		if e.Oldest == 0 || b.SentAt() < e.Oldest {
-			e.Oldest = b.SentAt()
+		e.Points += oldInfo[i].Len
+		if t := oldInfo[i].SentAt(); e.Oldest == 0 || t < e.Oldest {
+			e.Oldest = t
 		}
 	}
 	// add stores incoming block j: its identity is the stored block's when
 	// they have the same, else new (this generation: unique in the
 	// segment).
 	add := func(j int) {
-		b := in[j]
 		start := len(s.out)
-		s.out = append(s.out, b...)
+		s.out = append(s.out, s.in[j]...)
 		ident := gen
 		if s.same[j] {
-			ident = old[s.match[j]].Identity()
+			ident = oldInfo[s.match[j]].Identity
 		}
 		stampBlock(s.out[start:], now, ident)
 		n++
 		accepted++
-		e.Points += b.Len()
-		if r := Block(s.out[start:]).SentAt(); e.Oldest == 0 || r < e.Oldest {
-			e.Oldest = r
+		e.Points += s.inInfo[j].Len
+		if t := clampTime(now - s.inInfo[j].Held); e.Oldest == 0 || t < e.Oldest {
+			e.Oldest = t
 		}
 	}
-	i, j := 0, 0
-	for i < len(old) || j < len(in) {
-		c := 0
-		switch {
-		case i == len(old):
-			c = 1
-		case j == len(in):
-			c = -1
-		default:
-			c = bytes.Compare(old[i].AgentID(), in[j].AgentID())
+	expiredOld := func(i int) bool { return w.sweeping && oldInfo[i].SentAt() < cutoff }
+	// Walk the stored blocks in order, the incoming ones by their match.
+	i := 0
+	for j := range s.in {
+		m := s.match[j]
+		next := len(old) // stored blocks before this incoming one
+		if m >= 0 {
+			next = m
+		} else {
+			for next = i; next < len(old) && bytes.Compare(oldInfo[next].ID, s.inInfo[j].ID) < 0; next++ {
+			}
+		}
+		for ; i < next; i++ { // stored only
+			if expiredOld(i) {
+				swept++
+			} else {
+				keep(i)
+			}
 		}
 		// A pushed block the agent sent longer ago than the expiry (a relay
 		// still holding a dead agent's last push) is old news: never
 		// stored, so it cannot bring an agent back.
-		expiredIn := c >= 0 && pushedAt(in[j], now) < cutoff
-		switch {
-		case c < 0: // stored only
-			if w.sweeping && old[i].SentAt() < cutoff {
-				swept++
-			} else {
-				keep(old[i])
-			}
-			i++
-		case c > 0: // a new agent
+		expiredIn := clampTime(now-s.inInfo[j].Held) < cutoff
+		if m < 0 { // a new agent
 			if expiredIn {
 				stale++
 			} else {
 				add(j)
 			}
-			j++
-		default:
-			// An expired stored block is forgotten, sequence included: the
-			// agent is new again (it may have restarted).
-			oldExpired := w.sweeping && old[i].SentAt() < cutoff
-			switch {
-			case expiredIn:
-				stale++
-				if oldExpired {
-					swept++
-				} else {
-					keep(old[i])
-				}
-			case in[j].Seq() > old[i].Seq() || oldExpired:
-				add(j)
-			default:
-				keep(old[i])
-				stale++
+			continue
+		}
+		// An expired stored block is forgotten, sequence included: the
+		// agent is new again (it may have restarted).
+		switch {
+		case expiredIn:
+			stale++
+			if expiredOld(i) {
+				swept++
+			} else {
+				keep(i)
 			}
-			i++
-			j++
+		case s.inInfo[j].Seq > oldInfo[i].Seq || expiredOld(i):
+			add(j)
+		default:
+			keep(i)
+			stale++
+		}
+		i++
+	}
+	for ; i < len(old); i++ {
+		if expiredOld(i) {
+			swept++
+		} else {
+			keep(i)
 		}
 	}
 	binary.LittleEndian.PutUint16(s.out[8:], uint16(n))
-	e.Agents, e.Bytes, e.Gen = n, len(s.out), nextGen(s.stored.Gen)
+	e.Agents, e.Bytes, e.Gen = n, len(s.out), gen
 	s.entry = e
 	s.changed = accepted > 0 || swept > 0 || s.dropped > 0
 	s.accepted, s.stale, s.swept = accepted, stale, swept
 }
-
-// pushedAt is when a pushed block left its agent, on the receiver's clock.
-func pushedAt(b Block, now int64) int64 { return clampTime(now - b.Held()) }
 
 // stampBlock turns a pushed block into a stored one: received is now and
 // its identity is set. Ages and the held time stay as the sender measured

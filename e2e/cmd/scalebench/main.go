@@ -36,7 +36,7 @@ func main() {
 		warmup    = flag.Duration("warmup", 5*time.Second, "pushes and requests before the first phase")
 		rate      = flag.Float64("rate", 200, "requests per second in the phases with requests")
 		change    = flag.Float64("change", 1, "fraction of endpoints whose values move each scrape")
-		phases    = flag.String("phases", "", "phases in order (default pushes+requests,pushes,requests,idle)")
+		phases    = flag.String("phases", "", "phases in order (default pushes+requests,staleness,pushes,requests,idle)")
 		out       = flag.String("out", "", "write every result as JSON lines to this file")
 		cache     = flag.String("compilation-cache", filepath.Join(os.TempDir(), "wasm-epp-scalebench-cache"), "wazero compilation cache")
 		verbose   = flag.Bool("v", false, "log progress")
