@@ -8,7 +8,7 @@ MODULE := github.com/wasm-epp/wasm-epp
 # Native commands built into bin/ (directory under the repo -> binary name).
 CMDS := $(wildcard e2e/cmd/* metricsagent/cmd/*)
 
-.PHONY: help build wasm testplugin cmds run demo test race check bench bench-routing bench-flow fuzz images clean
+.PHONY: help build wasm testplugin cmds run demo test race check bench bench-routing bench-flow bench-scale fuzz images clean
 
 help: ## List targets.
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-16s %s\n", $$1, $$2}'
@@ -67,6 +67,21 @@ bench-routing: cmds ## Fleet simulation: every policy and the oracle on scenario
 
 bench-flow: cmds ## Flow-control fleet benchmark (about 2 min): today's 429 vs the queue; writes e2e/results/flow-control/.
 	$(BIN)/flowbench -extra tree-kv1=e2e/results/flow-control/tree-kv1.json -out e2e/results/flow-control
+
+# SCALE_V1 is the last commit whose plugin stores shared data version 1 (one
+# value holding every endpoint): bench-scale builds it for the direct-v1 rows.
+SCALE_V1 ?= 4132b91
+SCALE_OUT ?= e2e/results/scale
+
+bench-scale: build ## Metrics path at fleet sizes (about 75 min): pushes into the real .wasm with 4 router VMs; writes $(SCALE_OUT)/.
+	@mkdir -p $(SCALE_OUT)
+	@rm -rf $(BIN)/scale-v1 && mkdir -p $(BIN)/scale-v1 && git archive $(SCALE_V1) | tar -x -C $(BIN)/scale-v1 && \
+	  sed -i 's/MaxAgents:         256,/MaxAgents:         4096,/; s/MaxTotalEndpoints: 4096,/MaxTotalEndpoints: 16384,/' $(BIN)/scale-v1/scheduler/wire/limits.go && \
+	  (cd $(BIN)/scale-v1 && GOOS=wasip1 GOARCH=wasm $(GO) build -buildmode=c-shared -trimpath -o $(BIN)/wasm-epp-v1.wasm ./plugin) && rm -rf $(BIN)/scale-v1
+	$(BIN)/scalebench -base-wasm $(BIN)/wasm-epp-v1.wasm -modes direct-v1,direct-v2,relay -sizes 100,1000 -per-node 2 -reps 3 -window 10s -out $(SCALE_OUT)/small.jsonl | tee $(SCALE_OUT)/small.txt
+	$(BIN)/scalebench -modes relay -sizes 1000,5000 -per-node 2 -reps 3 -window 10s -rate 100 -out $(SCALE_OUT)/relay-2.jsonl | tee $(SCALE_OUT)/relay-2.txt
+	$(BIN)/scalebench -modes relay -sizes 1000,5000 -per-node 8 -reps 3 -window 10s -rate 100 -out $(SCALE_OUT)/relay-8.jsonl | tee $(SCALE_OUT)/relay-8.txt
+	$(BIN)/scalebench -modes relay -sizes 5000 -per-node 2 -rate 100 -phases soak -window 10m -sample 10s -out $(SCALE_OUT)/soak.jsonl | tee $(SCALE_OUT)/soak.txt
 
 images: ## Build container images (docker/podman/buildah), or print the commands.
 	@build/images.sh

@@ -149,14 +149,26 @@ func BenchmarkFilterCallbacksMainPlugin(b *testing.B) {
 		if flow == "on" {
 			pluginConfig = `{"models": [{"name": "chat", "criticality": "Standard"}], "flowControl": {"admit": {"maxWaiting": 65536}}}`
 		}
-		benchmarkMainPlugin(b, code, pluginConfig, "flow="+flow)
+		benchmarkMainPlugin(b, code, pluginConfig, "flow="+flow, 8, 64, 1000)
 	}
 }
 
-func benchmarkMainPlugin(b *testing.B, code []byte, pluginConfig, variant string) {
+// BenchmarkFilterCallbacksLargeN is the same request over fleets of 64,
+// 1,000 and 5,000 endpoints, for each built-in profile: what one decision
+// costs as the fleet grows (BENCHMARKS.md, "Metrics path at scale").
+func BenchmarkFilterCallbacksLargeN(b *testing.B) {
+	code, err := os.ReadFile(wasmbuild.Plugin(b))
+	require.NoError(b, err)
+	for _, profile := range []string{"decision-tree", "scoring", "least-request"} {
+		pluginConfig := `{"models": [{"name": "chat", "criticality": "Standard"}], "scheduler": {"profile": "` + profile + `"}}`
+		benchmarkMainPlugin(b, code, pluginConfig, "profile="+profile, 64, 1000, 5000)
+	}
+}
+
+func benchmarkMainPlugin(b *testing.B, code []byte, pluginConfig, variant string, sizes ...int) {
 	cfg, err := config.Decode([]byte(pluginConfig))
 	require.NoError(b, err)
-	for _, n := range []int{8, 64, 1000} {
+	for _, n := range sizes {
 		b.Run(fmt.Sprintf("endpoints=%d/%s", n, variant), func(b *testing.B) {
 			h := newHarness(b, trivialGuestPkg, withWorkers(1), withAllowStopIteration(), withPluginConfig(pluginConfig),
 				func(_ *Config, p *PluginConfig) { p.VM.Code = code })
@@ -209,8 +221,12 @@ func benchSnapshot(b testing.TB, n int, now time.Time) *wire.MemStore {
 			MaxAdapters: 4, ActiveAdapters: []string{fmt.Sprintf("adapter-%d", i%5)}, ScrapeTime: now,
 		}
 	}
-	wire.Normalize(eps)
 	st := &wire.MemStore{}
-	require.NoError(b, wire.Fill(st, wire.DefaultKeyPrefix, "agent", 1, eps, now))
+	// 8 endpoints to a node, one agent each, as on H100 nodes.
+	for a := 0; a*8 < n; a++ {
+		part := eps[a*8 : min(n, a*8+8)]
+		wire.Normalize(part)
+		require.NoError(b, wire.Fill(st, wire.DefaultKeyPrefix, fmt.Sprintf("agent-%04d", a), 1, part, now))
+	}
 	return st
 }

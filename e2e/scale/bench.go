@@ -36,11 +36,15 @@ type RunConfig struct {
 	Conns  int
 	Window time.Duration
 	Warmup time.Duration
-	// Aggregators, for ModeAggregator, are the aggregators' push URLs.
-	Aggregators []string
-	// Windows lists the phases to measure, in order (default all four).
+	// Aggregators, for ModeAggregator, is how many aggregator processes
+	// run (default 2).
+	Aggregators int
+	// Windows lists the phases to measure, in order (default all of them
+	// but soak).
 	Windows []Phase
-	Logf    func(string, ...any)
+	// Sample, when set, samples memory every Sample within each window.
+	Sample time.Duration
+	Logf   func(string, ...any)
 }
 
 // Phase is one measured window.
@@ -58,14 +62,17 @@ const (
 	// PhaseStaleness: pushes and requests, and the staleness probe (its
 	// polls are requests too, so CPU is measured in the other phases).
 	PhaseStaleness Phase = "staleness"
+	// PhaseSoak: pushes and requests for a long window, memory sampled.
+	PhaseSoak Phase = "soak"
 )
 
 // Window is what one phase measured.
 type Window struct {
 	Phase    Phase
 	Duration time.Duration
-	// CPU is the gateway process's CPU time over the window.
-	CPU time.Duration
+	// CPU is the gateway process's CPU time over the window;
+	// AggregatorCPU the aggregator processes' (ModeAggregator).
+	CPU, AggregatorCPU time.Duration
 	// Pushes and requests answered, by status.
 	Pushes       map[int]int64
 	PushBytes    int64
@@ -84,6 +91,15 @@ type Window struct {
 	Missed, Polls int
 	RSS           int64
 	GuestMemory   int64
+	// Memory samples over the window (RunConfig.Sample).
+	Memory []MemorySample
+}
+
+// MemorySample is the gateway's memory at one moment of a window.
+type MemorySample struct {
+	At    time.Duration // since the window began
+	Guest int64         // wasm_epp.vm.memory_bytes: every VM's Go runtime memory
+	RSS   int64
 }
 
 // Result is one run.
@@ -119,6 +135,17 @@ func Run(ctx context.Context, cfg RunConfig) (*Result, error) {
 		return nil, err
 	}
 	defer gw.Stop()
+	var aggs *Aggregators
+	if cfg.Mode == ModeAggregator {
+		n := cfg.Aggregators
+		if n == 0 {
+			n = 2
+		}
+		if aggs, err = StartAggregators(cfg.Gateway.BinDir, gw, n, cfg.Interval); err != nil {
+			return nil, err
+		}
+		defer aggs.Stop()
+	}
 	fleet := NewFleet(cfg.Endpoints, cfg.PerNode, up.Port, 1, true)
 	res := &Result{Config: cfg, Agents: len(fleet.Agents)}
 	token, push, client := gw.Stack.Token(), gw.Stack.PushURL(), gw.Stack.ClientURL()
@@ -150,7 +177,7 @@ func Run(ctx context.Context, cfg RunConfig) (*Result, error) {
 				RunRelay(pctx, fleet, RelayOptions{URLs: []string{push}, Token: token, Interval: cfg.Interval,
 					Change: cfg.Change, Probe: probeEvents, Stats: pushStats})
 			case ModeAggregator:
-				RunDirect(pctx, fleet, DirectOptions{URLs: cfg.Aggregators, Token: token, Interval: cfg.Interval, Version: 2,
+				RunDirect(pctx, fleet, DirectOptions{URLs: aggs.URLs, Token: token, Interval: cfg.Interval, Version: 2,
 					Change: cfg.Change, Probe: probeEvents, Stats: pushStats})
 			}
 		}()
@@ -172,8 +199,8 @@ func Run(ctx context.Context, cfg RunConfig) (*Result, error) {
 	}
 	pushing, loading := true, true
 	for _, ph := range cfg.Windows {
-		wantPush := ph == PhaseBoth || ph == PhasePushes || ph == PhaseStaleness
-		wantLoad := ph == PhaseBoth || ph == PhaseRequests || ph == PhaseStaleness
+		wantPush := ph == PhaseBoth || ph == PhasePushes || ph == PhaseStaleness || ph == PhaseSoak
+		wantLoad := ph == PhaseBoth || ph == PhaseRequests || ph == PhaseStaleness || ph == PhaseSoak
 		probe.Enable(ph == PhaseStaleness)
 		switch {
 		case pushing && !wantPush:
@@ -189,7 +216,11 @@ func Run(ctx context.Context, cfg RunConfig) (*Result, error) {
 		}
 		pushing, loading = wantPush, wantLoad
 		_ = sleep(ctx, time.Second) // let the previous phase drain
-		w, err := measure(ctx, gw, ph, cfg.Window, pushStats, loadStats, probe)
+		aggCPU := func() time.Duration { return 0 }
+		if aggs != nil {
+			aggCPU = aggs.CPU
+		}
+		w, err := measure(ctx, gw, ph, cfg.Window, cfg.Sample, pushStats, loadStats, probe, aggCPU)
 		if err != nil {
 			return nil, err
 		}
@@ -235,20 +266,34 @@ func take(ctx context.Context, gw *Gateway, ps *PushStats, ls *LoadStats) (snaps
 	return s, nil
 }
 
-func measure(ctx context.Context, gw *Gateway, ph Phase, d time.Duration, ps *PushStats, ls *LoadStats, probe *Probe) (Window, error) {
+func measure(ctx context.Context, gw *Gateway, ph Phase, d, sample time.Duration, ps *PushStats, ls *LoadStats, probe *Probe, aggCPU func() time.Duration) (Window, error) {
+	agg0 := aggCPU()
 	a, err := take(ctx, gw, ps, ls)
 	if err != nil {
 		return Window{}, err
 	}
 	probe.Reset()
-	if err := sleep(ctx, d); err != nil {
+	var mem []MemorySample
+	if sample > 0 {
+		for at := time.Duration(0); at < d; at += sample {
+			st, err := gw.ReadStats(ctx)
+			if err != nil {
+				return Window{}, err
+			}
+			rss, _ := gw.RSS()
+			mem = append(mem, MemorySample{At: at, Guest: st.Values["wasm_epp.vm.memory_bytes"], RSS: rss})
+			if err := sleep(ctx, min(sample, d-at)); err != nil {
+				return Window{}, err
+			}
+		}
+	} else if err := sleep(ctx, d); err != nil {
 		return Window{}, err
 	}
 	b, err := take(ctx, gw, ps, ls)
 	if err != nil {
 		return Window{}, err
 	}
-	w := Window{Phase: ph, Duration: b.at.Sub(a.at), CPU: b.cpu - a.cpu,
+	w := Window{Phase: ph, Duration: b.at.Sub(a.at), CPU: b.cpu - a.cpu, AggregatorCPU: aggCPU() - agg0,
 		Pushes: diff(b.pushes, a.pushes), PushBytes: b.bytes - a.bytes, PushErrors: b.perr - a.perr,
 		Requests: diff(b.reqs, a.reqs), RequestsSent: b.reqSent - a.reqSent}
 	w.ApplyCount, w.ApplyMicros = b.stats.HistDelta(a.stats, "wasm_epp.receiver.apply_us")
@@ -259,6 +304,7 @@ func measure(ctx context.Context, gw *Gateway, ph Phase, d time.Duration, ps *Pu
 	w.GuestMemory = b.stats.Values["wasm_epp.vm.memory_bytes"]
 	w.Lags, w.Missed, w.Polls = probe.Lags()
 	w.RSS, _ = gw.RSS()
+	w.Memory = mem
 	return w, nil
 }
 

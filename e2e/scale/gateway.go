@@ -7,11 +7,15 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"os/exec"
+	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/wasm-epp/wasm-epp/e2e/stack"
+	"github.com/wasm-epp/wasm-epp/scheduler/wire"
 )
 
 // Upstream is one HTTP server on all interfaces: every simulated endpoint
@@ -207,4 +211,97 @@ func (b *Stats) Delta(a *Stats, name string) int64 { return b.Values[name] - a.V
 // HistDelta is b minus a for a histogram: count and sum.
 func (b *Stats) HistDelta(a *Stats, name string) (int64, float64) {
 	return b.HistCount[name] - a.HistCount[name], b.HistSum[name] - a.HistSum[name]
+}
+
+// Aggregators are metricsagent processes in aggregator mode relaying to
+// one gateway.
+type Aggregators struct {
+	URLs  []string // their push endpoints, for the agents
+	procs []*exec.Cmd
+}
+
+// StartAggregators starts n aggregators relaying to the gateway's push
+// listener every interval.
+func StartAggregators(binDir string, g *Gateway, n int, interval time.Duration) (*Aggregators, error) {
+	a := &Aggregators{}
+	push := strings.TrimPrefix(strings.TrimSuffix(g.Stack.PushURL(), g.Stack.Info().Receiver.Receiver.Path), "http://")
+	for i := 0; i < n; i++ {
+		addr, err := freeLoopback()
+		if err != nil {
+			a.Stop()
+			return nil, err
+		}
+		health, err := freeLoopback()
+		if err != nil {
+			a.Stop()
+			return nil, err
+		}
+		cmd := exec.Command(filepath.Join(binDir, "metricsagent"), "--mode", "aggregator", "--agent-id", fmt.Sprintf("aggregator-%d", i),
+			"--aggregator-listen", addr, "--listen", health, "--envoy-targets", push, "--interval", interval.String(), "--log-level", "warn")
+		cmd.Env = append(os.Environ(), "WASM_EPP_AGENT_PUSH_TOKEN="+g.Stack.Token())
+		cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
+		if err := cmd.Start(); err != nil {
+			a.Stop()
+			return nil, err
+		}
+		a.procs = append(a.procs, cmd)
+		a.URLs = append(a.URLs, "http://"+addr+wire.PushPath)
+		if err := waitListening(addr, 10*time.Second); err != nil {
+			a.Stop()
+			return nil, err
+		}
+	}
+	return a, nil
+}
+
+// Pids are the aggregators' processes.
+func (a *Aggregators) Pids() []int {
+	var out []int
+	for _, c := range a.procs {
+		out = append(out, c.Process.Pid)
+	}
+	return out
+}
+
+// CPU is the aggregators' CPU time so far, together.
+func (a *Aggregators) CPU() time.Duration {
+	var total time.Duration
+	for _, pid := range a.Pids() {
+		c, _ := processCPU(pid)
+		total += c
+	}
+	return total
+}
+
+// Stop ends the aggregators.
+func (a *Aggregators) Stop() {
+	for _, c := range a.procs {
+		_ = c.Process.Signal(syscall.SIGTERM)
+		_ = c.Wait()
+	}
+	a.procs = nil
+}
+
+func freeLoopback() (string, error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return "", err
+	}
+	defer ln.Close()
+	return ln.Addr().String(), nil
+}
+
+func waitListening(addr string, within time.Duration) error {
+	deadline := time.Now().Add(within)
+	for {
+		c, err := net.DialTimeout("tcp", addr, 100*time.Millisecond)
+		if err == nil {
+			c.Close()
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("scale: %s not listening after %v: %w", addr, within, err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
 }

@@ -28,7 +28,7 @@ func main() {
 		bootstrap = flag.String("bootstrap", "envoy/envoy.yaml", "bootstrap template")
 		wasm      = flag.String("wasm", "bin/wasm-epp.wasm", "plugin under test")
 		baseWasm  = flag.String("base-wasm", "", "plugin for the direct-v1 mode (a build storing wire version 1); default -wasm")
-		modes     = flag.String("modes", "direct-v2,relay", "comma-separated: direct-v1, direct-v2, relay")
+		modes     = flag.String("modes", "direct-v2,relay", "comma-separated: direct-v1, direct-v2, relay (the aggregator tier's output built in process), aggregator (2 metricsagent --mode aggregator processes)")
 		sizes     = flag.String("sizes", "100,1000", "comma-separated endpoint counts")
 		perNode   = flag.Int("per-node", 2, "endpoints per node (one agent each)")
 		reps      = flag.Int("reps", 1, "repetitions; variants are interleaved within each")
@@ -41,6 +41,7 @@ func main() {
 		cache     = flag.String("compilation-cache", filepath.Join(os.TempDir(), "wasm-epp-scalebench-cache"), "wazero compilation cache")
 		verbose   = flag.Bool("v", false, "log progress")
 		workDir   = flag.String("workdir", "", "keep each gateway's log and bootstrap under this directory")
+		sample    = flag.Duration("sample", 0, "sample the gateway's memory this often within each phase (soak)")
 	)
 	flag.Parse()
 	for _, p := range []*string{binDir, bootstrap, wasm, baseWasm} {
@@ -85,7 +86,7 @@ func main() {
 				cfg := scale.RunConfig{
 					Gateway: scale.GatewayOptions{BinDir: *binDir, Bootstrap: *bootstrap, Wasm: w, CompilationCache: *cache},
 					Mode:    scale.Mode(m), Endpoints: n, PerNode: *perNode, Change: *change, Rate: *rate,
-					Window: *window, Warmup: *warmup, Windows: phaseList, Logf: logf,
+					Window: *window, Warmup: *warmup, Windows: phaseList, Sample: *sample, Logf: logf,
 				}
 				if *workDir != "" {
 					cfg.Gateway.WorkDir = filepath.Join(*workDir, fmt.Sprintf("%s-%d-rep%d", m, n, r))
@@ -108,6 +109,9 @@ func report(r *scale.Result) {
 	for _, w := range r.Windows {
 		sec := w.Duration.Seconds()
 		line := fmt.Sprintf("  %-16s cpu %7.1f ms/s", w.Phase, float64(w.CPU.Microseconds())/1e3/sec)
+		if w.AggregatorCPU > 0 {
+			line += fmt.Sprintf(" (aggregators %.1f ms/s)", float64(w.AggregatorCPU.Microseconds())/1e3/sec)
+		}
 		if n := sum(w.Pushes); n > 0 {
 			line += fmt.Sprintf("  pushes %6.0f/s %v", float64(n)/sec, w.Pushes)
 		}
@@ -128,7 +132,19 @@ func report(r *scale.Result) {
 			line += fmt.Sprintf("  staleness p50 %v p99 %v (n=%d, missed %d)", p[0].Round(100*time.Microsecond), p[1].Round(100*time.Microsecond), len(w.Lags), w.Missed)
 		}
 		line += fmt.Sprintf("  rss %d MiB", w.RSS>>20)
+		if w.GuestMemory > 0 {
+			line += fmt.Sprintf("  guest %.1f MiB", float64(w.GuestMemory)/(1<<20))
+		}
 		fmt.Println(line)
+		if n := len(w.Memory); n > 0 {
+			first, last := w.Memory[0], w.Memory[n-1]
+			maxG := int64(0)
+			for _, m := range w.Memory {
+				maxG = max(maxG, m.Guest)
+			}
+			fmt.Printf("  memory over %v: guest %.1f -> %.1f MiB (max %.1f), rss %d -> %d MiB, %d samples\n", w.Duration.Round(time.Second),
+				float64(first.Guest)/(1<<20), float64(last.Guest)/(1<<20), float64(maxG)/(1<<20), first.RSS>>20, last.RSS>>20, n)
+		}
 	}
 }
 
