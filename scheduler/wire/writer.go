@@ -61,7 +61,7 @@ type Writer struct {
 type segWork struct {
 	in      []Block // incoming blocks, sorted
 	inInfo  []BlockInfo
-	buf     []byte  // stored value as read
+	buf     []byte // stored value as read
 	cas     uint32
 	stored  Segment
 	out     []byte // the merged value
