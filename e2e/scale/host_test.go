@@ -323,7 +323,7 @@ func TestChurnOf1000AgentsKeepsKeysAndBytesBounded(t *testing.T) {
 		maxKeys, maxBytes = max(maxKeys, k), max(maxBytes, s)
 		e.clock.Advance(800 * time.Millisecond) // a wave lives 2.4 s: ~3 waves alive
 	}
-	assert.Equal(t, wire.NumSegments+1, maxKeys, "the fixed set of keys")
+	assert.Equal(t, wire.NumKeys, maxKeys, "the fixed set of keys")
 	// At most 4 waves' blocks (3 alive, one expiring), plus the fixed part.
 	assert.Less(t, maxBytes, wire.DirBytes+wire.NumSegments*16+4*alive*one)
 	t.Logf("%d agent ids: at most %d keys, %d bytes", ids, maxKeys, maxBytes)

@@ -23,6 +23,10 @@ import (
 // agents come and go.
 const NumSegments = 64
 
+// NumKeys is every metrics key: the directory, the segments and the probe
+// key that creates keys safely (CreateToken).
+const NumKeys = NumSegments + 2
+
 const (
 	dirHeaderBytes = 32
 	dirEntryBytes  = 24
@@ -45,11 +49,13 @@ type Keys struct {
 	// Config holds the configuration record pushed by agents (its
 	// generation is Directory.ConfigGen).
 	Config string
+	// Probe is written to get a create token (CreateToken).
+	Probe string
 }
 
 // NewKeys returns the keys under prefix (e.g. DefaultKeyPrefix).
 func NewKeys(prefix string) Keys {
-	k := Keys{Dir: prefix + "v2.dir", Config: prefix + "v2.config"}
+	k := Keys{Dir: prefix + "v2.dir", Config: prefix + "v2.config", Probe: prefix + "v2.create"}
 	for i := range k.Segments {
 		k.Segments[i] = prefix + "v2.seg." + strconv.Itoa(i/10) + strconv.Itoa(i%10)
 	}

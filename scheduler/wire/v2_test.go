@@ -276,7 +276,7 @@ func TestChurnKeepsKeysAndBytesBounded(t *testing.T) {
 			require.NoError(t, err)
 		}
 		keys, size := st.Keys()
-		assert.LessOrEqual(t, keys, NumSegments+1, "a fixed set of keys")
+		assert.LessOrEqual(t, keys, NumKeys, "a fixed set of keys")
 		maxBytes = max(maxBytes, size)
 	}
 	// Alive at the end: the rounds within the expiry (4 rounds of 20 agents).
@@ -285,7 +285,7 @@ func TestChurnKeepsKeysAndBytesBounded(t *testing.T) {
 	// 100 agents' worth of blocks at most, whatever the churn.
 	one := len(agentPush(t, "churn-0000", 1, at(0), agentState("churn-0000", 2, 1, at(0))))
 	assert.Less(t, maxBytes, DirBytes+NumSegments*segHeaderBytes+6*20*one)
-	t.Logf("at most %d bytes in %d keys after 1,000 agent ids", maxBytes, NumSegments+1)
+	t.Logf("at most %d bytes in %d keys after 1,000 agent ids", maxBytes, NumKeys)
 }
 
 func TestLimitsRefuseAndWriteNothing(t *testing.T) {
@@ -536,4 +536,43 @@ func TestAdapterChangesKeepIdentityAndAreSeen(t *testing.T) {
 		}
 	}
 	assert.Equal(t, 2, c.Stats().Rebuilds, "strings made for the first push and when a2 appeared")
+}
+
+// Two writers find a segment key missing (no Init: a key not created yet,
+// or created by an older build under another name); the second creates it
+// with its agent's block while the first is between its read and its
+// write. The first must not wipe that block: a write with cas 0 is
+// unconditional, so creating a key must fail when it exists by then.
+func TestCreatingAKeyKeepsAnotherWritersBlock(t *testing.T) {
+	for _, key := range []string{"segment", "dir"} {
+		t.Run(key, func(t *testing.T) {
+			st := &MemStore{}
+			w1 := NewWriter(testKeys, Limits{}, time.Hour)
+			w2 := NewWriter(testKeys, Limits{}, time.Hour)
+			ids := sameSegmentIDs(2)
+			watch := testKeys.Segments[SegmentOf([]byte(ids[0]))]
+			if key == "dir" {
+				// agents in two segments: the directory holds both entries
+				ids[1] = "agent-b"
+				require.NotEqual(t, SegmentOf([]byte(ids[0])), SegmentOf([]byte(ids[1])))
+				watch = testKeys.Dir
+			}
+			once := true
+			st.BeforeSet = func(k string) {
+				if once && k == watch {
+					once = false
+					_, err := w2.Apply(st, agentPush(t, ids[1], 1, at(0), agentState(ids[1], 1, 1, at(0))), at(0))
+					require.NoError(t, err)
+				}
+			}
+			_, err := w1.Apply(st, agentPush(t, ids[0], 1, at(0), agentState(ids[0], 1, 1, at(0))), at(0))
+			require.NoError(t, err)
+			snap := snapshotOf(t, st)
+			names := []string{}
+			for _, e := range snap.Endpoints {
+				names = append(names, e.ID.Name)
+			}
+			assert.ElementsMatch(t, []string{ids[0] + "-pod-0", ids[1] + "-pod-0"}, names, "both agents' blocks")
+		})
+	}
 }

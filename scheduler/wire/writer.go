@@ -100,15 +100,14 @@ func NewWriter(keys Keys, lim Limits, expiry time.Duration) *Writer {
 	return &Writer{keys: keys, lim: lim.resolved(), expiry: expiry}
 }
 
-// Init creates every key that does not exist yet with an empty value. Call
-// it before the first push (the receiver does in its plugin start, which
-// Envoy runs on the main thread before any worker takes a request): shared
-// data has no "create if absent", and two first writes of a new key with
-// cas 0 would both succeed, one losing the other.
+// Init creates every key that does not exist yet with an empty value (the
+// receiver calls it in its plugin start), so that routers find a
+// directory and pushes find their segments. It is safe against other VMs
+// creating or writing the same keys at the same time (see create).
 func (w *Writer) Init(st Store) error {
 	for k, key := range w.keys.Segments {
 		if _, _, err := st.Get(key, w.segs[k].buf[:0]); errors.Is(err, ErrNotFound) {
-			if err := st.Set(key, appendSegmentHeader(nil, k, 0, 0), 0); err != nil {
+			if err := w.create(st, key, appendSegmentHeader(nil, k, 0, 0)); err != nil {
 				return err
 			}
 		} else if err != nil {
@@ -116,11 +115,40 @@ func (w *Writer) Init(st Store) error {
 		}
 	}
 	if _, _, err := st.Get(w.keys.Dir, w.dirBuf[:0]); errors.Is(err, ErrNotFound) {
-		return st.Set(w.keys.Dir, AppendDirectory(nil, &Directory{}), 0)
+		return w.create(st, w.keys.Dir, AppendDirectory(nil, &Directory{}))
 	} else if err != nil {
 		return err
 	}
 	return nil
+}
+
+// create writes value under key unless the key exists by now; a key that
+// another VM created in between is left as it is.
+func (w *Writer) create(st Store, key string, value []byte) error {
+	token, err := CreateToken(st, w.keys.Probe)
+	if err != nil {
+		return err
+	}
+	if err := st.Set(key, value, token); err != nil && !errors.Is(err, ErrCASMismatch) {
+		return err
+	}
+	return nil
+}
+
+// CreateToken returns a cas with which Set creates a key only if it is
+// still absent. A write with cas 0 is unconditional, so two VMs that both
+// found a key missing and both "create" it lose one's write. Shared data
+// has no "create if absent", but a write with a cas that no entry of the
+// key holds does just that: it fails (mismatch) when the key exists and
+// creates it when it does not. Envoy's cas values come from one counter
+// for the whole table, one per write, so the cas of another key's entry is
+// such a value: CreateToken writes the probe key and returns its cas.
+func CreateToken(st Store, probe string) (uint32, error) {
+	if err := st.Set(probe, nil, 0); err != nil {
+		return 0, err
+	}
+	_, cas, err := st.Get(probe, nil)
+	return cas, err
 }
 
 // Apply checks push and writes it. now is the receiver's clock.
@@ -280,8 +308,10 @@ func (w *Writer) readSegment(st Store, k int, stats *ApplyStats) error {
 	s.stored.Gen, s.stored.Blocks, s.dropped = 0, s.stored.Blocks[:0], 0
 	switch {
 	case errors.Is(err, ErrNotFound):
-		s.cas = 0
-		return nil
+		// Written with a create token: if another writer creates the
+		// key first, the write fails and this one merges on top.
+		s.cas, err = CreateToken(st, w.keys.Probe)
+		return err
 	case err != nil:
 		return err
 	}
@@ -603,7 +633,10 @@ func (w *Writer) writeDir(st Store, now int64, accepted bool, stats *ApplyStats)
 		}
 		switch {
 		case errors.Is(err, ErrNotFound):
-			w.dir, cas = Directory{}, 0
+			w.dir = Directory{}
+			if cas, err = CreateToken(st, w.keys.Probe); err != nil {
+				return err
+			}
 		case err != nil:
 			return err
 		default:
