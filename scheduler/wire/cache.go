@@ -148,6 +148,7 @@ func (c *Cache) Refresh(st Store) (snap *scheduler.Snapshot, changed bool, err e
 	c.valid = true
 	c.stats.Changes++
 	layout, ident := false, false
+	hadDups := c.dups > 0
 	var firstErr error
 	for k := range c.segs {
 		sv := &c.segs[k]
@@ -179,7 +180,29 @@ func (c *Cache) Refresh(st Store) (snap *scheduler.Snapshot, changed bool, err e
 		c.identity++
 	}
 	c.publish()
+	c.tellScheduler(layout || ident || hadDups)
 	return &c.snap, true, firstErr
+}
+
+// tellScheduler reports the in-place rewrite to an index the scheduler
+// may keep on the snapshot (scheduler.Snapshot.MetricsChanged, Changed):
+// each endpoint of a rewritten segment when only values and adapter lists
+// moved, the whole snapshot when identities, order or count did (or when
+// it is a deduplicated copy, whose positions are not c.all's).
+func (c *Cache) tellScheduler(identities bool) {
+	if identities || c.dups > 0 {
+		c.snap.Changed()
+		return
+	}
+	for k := range c.segs {
+		sv := &c.segs[k]
+		if !sv.changed {
+			continue
+		}
+		for i := sv.off; i < sv.off+sv.n; i++ {
+			c.snap.MetricsChanged(i)
+		}
+	}
 }
 
 // reset forgets everything (the directory is gone: a new Envoy, or the
@@ -194,6 +217,7 @@ func (c *Cache) reset() {
 	c.dir = Directory{}
 	c.identity++
 	c.publish()
+	c.snap.Changed()
 }
 
 // readSegment reads segment k again and makes it current. moved: its
