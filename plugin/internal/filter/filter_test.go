@@ -12,6 +12,7 @@ import (
 	"github.com/tetratelabs/proxy-wasm-go-sdk/proxywasm/types"
 
 	"github.com/wasm-epp/wasm-epp/plugin/internal/proxywasm"
+	"github.com/wasm-epp/wasm-epp/plugin/internal/vmmem"
 )
 
 const baseConfig = `{
@@ -428,6 +429,7 @@ func BenchmarkFilterRequest(b *testing.B) {
 func TestGuestMemoryGauge(t *testing.T) {
 	e := newEnv(t, baseConfig)
 	e.setPods(pod{name: "a", addr: "10.0.0.1"})
+	vmmem.Forget() // earlier tests' hosts ran in this process
 	e.post("/v1/chat/completions", nil, chat("base"))
 	v, err := e.host.GetGaugeMetric("wasm_epp.vm.memory_bytes")
 	require.NoError(t, err)

@@ -55,3 +55,7 @@ func Maybe(mono time.Duration) {
 		reported = now
 	}
 }
+
+// Forget makes the next Maybe report the whole memory again, as a new VM
+// does: for tests that start a new host in the same process.
+func Forget() { reported, last = 0, 0 }
