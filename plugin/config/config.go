@@ -510,12 +510,9 @@ func validHeaderName(h string) bool {
 func (c *Config) AdmissionKey() string { return c.SharedDataKeyPrefix + "v2.admit" }
 
 // ConfigKey is the shared-data key of the stored configuration record
-// (receivers write it, routers read it), and ConfigGenKey the key of its
-// 8-byte version, which routers read on every request.
+// (receivers write it, routers read it when the metrics directory's
+// config_gen moves).
 func (c *Config) ConfigKey() string { return wire.ConfigKey(c.SharedDataKeyPrefix) }
-
-// ConfigGenKey: see ConfigKey.
-func (c *Config) ConfigGenKey() string { return wire.ConfigGenKey(c.SharedDataKeyPrefix) }
 
 // ConfigLimits bound the configuration records a receiver accepts and a
 // router reads: model names as long as requests may carry.

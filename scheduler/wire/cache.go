@@ -31,6 +31,8 @@ type Cache struct {
 	dirBuf []byte
 	dir    Directory
 	valid  bool // dir holds what the snapshot was built from
+	// dirAbsent: the last read found no directory (nothing stored yet).
+	dirAbsent bool
 
 	segs [NumSegments]segView
 	// all is every endpoint of every segment, segment by segment; snap
@@ -116,6 +118,16 @@ func (c *Cache) Tag() uint64 { return c.tag }
 // first successful Refresh).
 func (c *Cache) Directory() *Directory { return &c.dir }
 
+// ConfigGen is the configuration record's generation the directory names
+// (0: none); known is false when the last directory read failed, so the
+// caller keeps what it has.
+func (c *Cache) ConfigGen() (gen uint64, known bool) {
+	if !c.valid {
+		return 0, c.dirAbsent
+	}
+	return c.dir.ConfigGen, true
+}
+
 // Stats returns the counters.
 func (c *Cache) Stats() CacheStats { return c.stats }
 
@@ -127,6 +139,7 @@ func (c *Cache) Refresh(st Store) (snap *scheduler.Snapshot, changed bool, err e
 	if cap(b) > cap(c.dirBuf) && cap(b) <= 2*DirBytes {
 		c.dirBuf = b[:0]
 	}
+	c.dirAbsent = errors.Is(err, ErrNotFound)
 	switch {
 	case errors.Is(err, ErrNotFound):
 		if !c.valid && len(c.all) == 0 {

@@ -50,10 +50,16 @@ const ConfigPath = "/wasm-epp/v1/config"
 // ConfigKey is the shared-data key of the stored configuration record.
 func ConfigKey(prefix string) string { return prefix + "v2.config" }
 
-// ConfigGenKey is the shared-data key of an 8-byte token that changes
-// whenever the stored record does (written after it): routers read it on
-// every request and the record only when it changed.
-func ConfigGenKey(prefix string) string { return ConfigKey(prefix) + ".gen" }
+// ConfigGenOf is the generation of a stored record (Directory.ConfigGen):
+// FNV-1a (64 bit) of its bytes, never 0 (0 means no record).
+func ConfigGenOf(record []byte) uint64 {
+	h := uint64(14695981039346656037)
+	for _, c := range record {
+		h ^= uint64(c)
+		h *= 1099511628211
+	}
+	return max(h, 1)
+}
 
 // ConfigLimits bound a configuration record. A zero field means the
 // default shown in DefaultConfigLimits.
@@ -420,6 +426,66 @@ func DecodeConfig(b []byte, lim ConfigLimits) (*DecodedConfig, error) {
 	h.Write(b[tableAt:])
 	c.TableHash = h.Sum64()
 	return c, nil
+}
+
+// ConfigHead is what the receiver compares before decoding a whole
+// record: an agent resends its record every few seconds, and most resends
+// carry the stored table.
+type ConfigHead struct {
+	// Pool is pool_namespace and pool_name as encoded (it aliases the
+	// record): equal bytes, equal names.
+	Pool     []byte
+	Revision ConfigRevision
+	// TableHash is DecodedConfig.TableHash.
+	TableHash uint64
+}
+
+// PeekConfig reads a record's head and hashes its table without decoding
+// or checking the table (DecodeConfig does both). It allocates nothing.
+func PeekConfig(b []byte, lim ConfigLimits) (ConfigHead, error) {
+	var h ConfigHead
+	lim = lim.Resolved()
+	if len(b) > lim.MaxBytes {
+		return h, errf(ErrLimit, "config", 0, strconv.Itoa(len(b))+" bytes, limit "+strconv.Itoa(lim.MaxBytes))
+	}
+	switch {
+	case len(b) < 3:
+		return h, errf(ErrTruncated, "config.magic", 0, "payload of "+strconv.Itoa(len(b))+" bytes")
+	case b[0] != magicConfig[0] || b[1] != magicConfig[1]:
+		return h, errf(ErrFormat, "config.magic", 0, "got "+strconv.Quote(string(b[:2]))+", want "+strconv.Quote(string(magicConfig[:])))
+	case b[2] != version1:
+		return h, errf(ErrVersion, "config.version", 2, "version "+strconv.Itoa(int(b[2]))+", this build reads "+strconv.Itoa(version1))
+	}
+	off := 3
+	str := func() bool {
+		n, k := binary.Uvarint(b[off:])
+		if k <= 0 || n > uint64(len(b)-off-k) {
+			return false
+		}
+		off += k + int(n)
+		return true
+	}
+	if !str() {
+		return h, errf(ErrTruncated, "config.agent_id", off, "string cut short")
+	}
+	poolAt := off
+	if !str() || !str() {
+		return h, errf(ErrTruncated, "config.pool", off, "string cut short")
+	}
+	h.Pool = b[poolAt:off:off]
+	if len(b)-off < 24 {
+		return h, errf(ErrTruncated, "config.revision", off, "need 24 bytes, have "+strconv.Itoa(len(b)-off))
+	}
+	h.Revision = ConfigRevision{Pools: binary.LittleEndian.Uint64(b[off:]), Objectives: binary.LittleEndian.Uint64(b[off+8:]),
+		Rewrites: binary.LittleEndian.Uint64(b[off+16:])}
+	off += 24
+	f := uint64(14695981039346656037)
+	for _, c := range b[off:] {
+		f ^= uint64(c)
+		f *= 1099511628211
+	}
+	h.TableHash = f
+	return h, nil
 }
 
 // targets reads a counted target list (at least one).

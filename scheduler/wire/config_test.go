@@ -2,6 +2,7 @@ package wire
 
 import (
 	"bytes"
+	"encoding/binary"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -272,7 +273,8 @@ func TestDecideConfig(t *testing.T) {
 
 // FuzzDecodeConfig: never panics; an accepted record re-encodes to the same
 // bytes; a rejected one names a known kind; DecideConfig against the sample
-// never panics either.
+// never panics either. PeekConfig never panics, fails only with a known
+// kind, and agrees with DecodeConfig on every record DecodeConfig accepts.
 func FuzzDecodeConfig(f *testing.F) {
 	f.Add(encodeConfig(f, sampleConfig()))
 	f.Add(encodeConfig(f, &ConfigRecord{AgentID: "a", PoolNamespace: "n", PoolName: "p"}))
@@ -280,11 +282,17 @@ func FuzzDecodeConfig(f *testing.F) {
 		Rewrites: []ModelRewrite{{Model: "m", Targets: []WeightedTarget{{Model: "t", Weight: 0}}}}}}))
 	stored := encodeConfig(f, sampleConfig())
 	f.Fuzz(func(t *testing.T, b []byte) {
+		head, peekErr := PeekConfig(b, ConfigLimits{})
+		if peekErr != nil {
+			requireKnownKind(t, peekErr)
+		}
 		c, err := DecodeConfig(b, ConfigLimits{})
 		if err != nil {
 			requireKnownKind(t, err)
 			return
 		}
+		require.NoError(t, peekErr, "DecodeConfig accepts what PeekConfig refuses")
+		requireHeadOf(t, head, c)
 		again, err := EncodeConfig(&c.ConfigRecord, ConfigLimits{})
 		require.NoError(t, err)
 		require.True(t, bytes.Equal(b, again), "re-encoding differs")
@@ -296,4 +304,45 @@ func FuzzDecodeConfig(f *testing.F) {
 			require.Equal(t, sc.Table, c.Table)
 		}
 	})
+}
+
+func requireHeadOf(t *testing.T, head ConfigHead, c *DecodedConfig) {
+	t.Helper()
+	require.Equal(t, c.TableHash, head.TableHash)
+	require.Equal(t, c.Revision, head.Revision)
+	want := binary.AppendUvarint(nil, uint64(len(c.PoolNamespace)))
+	want = append(want, c.PoolNamespace...)
+	want = binary.AppendUvarint(want, uint64(len(c.PoolName)))
+	want = append(want, c.PoolName...)
+	require.Equal(t, want, head.Pool)
+}
+
+// PeekConfig reads what DecodeConfig reads of the head, and the same
+// table hash; it refuses what is not a record, cut short, or too large.
+func TestPeekConfig(t *testing.T) {
+	b := encodeConfig(t, sampleConfig())
+	c, err := DecodeConfig(b, ConfigLimits{})
+	require.NoError(t, err)
+	head, err := PeekConfig(b, ConfigLimits{})
+	require.NoError(t, err)
+	requireHeadOf(t, head, c)
+	require.Zero(t, testing.AllocsPerRun(10, func() { _, _ = PeekConfig(b, ConfigLimits{}) }))
+
+	other := sampleConfig()
+	other.AgentID, other.Revision.Rewrites = "another-agent", other.Revision.Rewrites+5
+	h2, err := PeekConfig(encodeConfig(t, other), ConfigLimits{})
+	require.NoError(t, err)
+	require.Equal(t, head.TableHash, h2.TableHash, "same table from another agent: same hash")
+	require.Equal(t, head.Pool, h2.Pool)
+
+	for n := 0; n < 3+1+len(c.AgentID)+2+len(c.PoolNamespace)+len(c.PoolName)+24; n++ {
+		_, err := PeekConfig(b[:n], ConfigLimits{})
+		require.ErrorIs(t, err, ErrTruncated, "cut at %d", n)
+	}
+	_, err = PeekConfig(append([]byte("WP"), b[2:]...), ConfigLimits{})
+	require.ErrorIs(t, err, ErrFormat)
+	_, err = PeekConfig(append([]byte{'W', 'C', 9}, b[3:]...), ConfigLimits{})
+	require.ErrorIs(t, err, ErrVersion)
+	_, err = PeekConfig(b, ConfigLimits{MaxBytes: len(b) - 1})
+	require.ErrorIs(t, err, ErrLimit)
 }

@@ -120,6 +120,15 @@ func DirGen(b []byte) (uint64, bool) {
 	return le64(b, 8), true
 }
 
+// DirConfigGen reads only the configuration record's generation of an
+// encoded directory (ok false when b is not one).
+func DirConfigGen(b []byte) (uint64, bool) {
+	if _, ok := DirGen(b); !ok {
+		return 0, false
+	}
+	return le64(b, 16), true
+}
+
 // AppendDirectory encodes d.
 func AppendDirectory(dst []byte, d *Directory) []byte {
 	dst = append(dst, magicDir[0], magicDir[1], version2, NumSegments, 0, 0, 0, 0)

@@ -626,6 +626,27 @@ func (s *segWork) rememberOut() {
 
 // writeDir records the written segments in the directory with a CAS loop.
 func (w *Writer) writeDir(st Store, now int64, accepted bool, stats *ApplyStats) error {
+	return w.updateDir(st, stats, func(d *Directory) {
+		for _, k := range w.order {
+			s := &w.segs[k]
+			if !s.written {
+				continue
+			}
+			// A later writer of the same segment may have recorded a newer
+			// generation already: never go back.
+			if cur := d.Entries[k]; cur.Gen == 0 || serialNewer(s.entry.Gen, cur.Gen) {
+				d.Entries[k] = s.entry
+			}
+		}
+		if accepted && now > d.LastAccept {
+			d.LastAccept = now
+		}
+	})
+}
+
+// updateDir applies edit to the stored directory and writes it back with
+// its generation moved, re-reading and editing again on a CAS mismatch.
+func (w *Writer) updateDir(st Store, stats *ApplyStats, edit func(*Directory)) error {
 	for attempt := 0; attempt < maxAttempts; attempt++ {
 		b, cas, err := st.Get(w.keys.Dir, w.dirBuf[:0])
 		if cap(b) > cap(w.dirBuf) {
@@ -644,21 +665,8 @@ func (w *Writer) writeDir(st Store, now int64, accepted bool, stats *ApplyStats)
 				w.dir = Directory{}
 			}
 		}
-		for _, k := range w.order {
-			s := &w.segs[k]
-			if !s.written {
-				continue
-			}
-			// A later writer of the same segment may have recorded a newer
-			// generation already: never go back.
-			if cur := w.dir.Entries[k]; cur.Gen == 0 || serialNewer(s.entry.Gen, cur.Gen) {
-				w.dir.Entries[k] = s.entry
-			}
-		}
+		edit(&w.dir)
 		w.dir.Gen++
-		if accepted && now > w.dir.LastAccept {
-			w.dir.LastAccept = now
-		}
 		w.dirOut = AppendDirectory(w.dirOut[:0], &w.dir)
 		err = st.Set(w.keys.Dir, w.dirOut, cas)
 		if err == nil {
@@ -670,4 +678,37 @@ func (w *Writer) writeDir(st Store, now int64, accepted bool, stats *ApplyStats)
 		stats.Retries++
 	}
 	return errf(ErrContention, "dir", -1, "changed during "+strconv.Itoa(maxAttempts)+" attempts; retry")
+}
+
+// ConfigGen reads the configuration record's generation from the stored
+// directory (0: no record, or no directory yet).
+func (w *Writer) ConfigGen(st Store) (uint64, error) {
+	b, _, err := st.Get(w.keys.Dir, w.dirBuf[:0])
+	if cap(b) > cap(w.dirBuf) {
+		w.dirBuf = b[:0]
+	}
+	switch {
+	case errors.Is(err, ErrNotFound):
+		return 0, nil
+	case err != nil:
+		return 0, err
+	}
+	gen, ok := DirConfigGen(b)
+	if !ok {
+		return 0, errf(ErrFormat, "dir", 0, "unreadable directory")
+	}
+	return gen, nil
+}
+
+// SetConfigGen records gen (ConfigGenOf the stored configuration record)
+// in the directory, which routers read on every request: the record
+// itself is read only when this moves. Writing the generation it already
+// holds writes nothing.
+func (w *Writer) SetConfigGen(st Store, gen uint64) (ApplyStats, error) {
+	var stats ApplyStats
+	if cur, err := w.ConfigGen(st); err == nil && cur == gen {
+		return stats, nil
+	}
+	err := w.updateDir(st, &stats, func(d *Directory) { d.ConfigGen = gen })
+	return stats, err
 }

@@ -1,11 +1,6 @@
 package filter
 
 import (
-	"bytes"
-	"errors"
-
-	"github.com/tetratelabs/proxy-wasm-go-sdk/proxywasm/types"
-
 	"github.com/wasm-epp/wasm-epp/plugin/config"
 	"github.com/wasm-epp/wasm-epp/plugin/internal/proxywasm"
 	"github.com/wasm-epp/wasm-epp/scheduler"
@@ -15,9 +10,9 @@ import (
 // The model table from Kubernetes objects. The agents push it as a
 // configuration record (scheduler/wire ConfigRecord, built from llm-d's
 // InferenceObjective and InferenceModelRewrite objects), the receiver keeps
-// it in shared data, and the router applies it on the next request: it
-// reads the record's 8-byte version key on every request, and the record
-// only when the version changed.
+// it in shared data, and the router applies it on the next request: the
+// metrics directory it reads on every request names the record's
+// generation (config_gen), and the record is read only when that moved.
 //
 // While a record with a non-empty table is stored, it replaces the
 // bootstrap's models entirely and follows llm-d's semantics: a model a
@@ -42,11 +37,10 @@ const maxStoredConfigBytes = 16 << 20
 
 // crdTable is the router's copy of the stored record, decoded.
 type crdTable struct {
-	key, genKey string
-	limits      wire.ConfigLimits
-	genBuf      []byte
-	// gen is the version the active table came from (nil: no record).
-	gen    []byte
+	key    string
+	limits wire.ConfigLimits
+	// gen is the generation the active table came from (0: no record).
+	gen    uint64
 	active *activeTable // nil: the bootstrap models apply
 
 	applied, decodeErrors proxywasm.MetricCounter
@@ -70,7 +64,7 @@ const (
 func newCRDTable(cfg *config.Config) crdTable {
 	lim := cfg.ConfigLimits()
 	lim.MaxBytes = maxStoredConfigBytes
-	return crdTable{key: cfg.ConfigKey(), genKey: cfg.ConfigGenKey(), limits: lim, genBuf: make([]byte, 0, 8),
+	return crdTable{key: cfg.ConfigKey(), limits: lim,
 		applied:      proxywasm.DefineCounterMetric("wasm_epp.config.applied"),
 		decodeErrors: proxywasm.DefineCounterMetric("wasm_epp.config.decode_errors")}
 }
@@ -85,29 +79,23 @@ func CriticalityOfPriority(p int32) scheduler.Criticality {
 	return scheduler.Critical
 }
 
-// refresh makes t follow the stored record: one small shared-data read
-// when nothing changed.
-func (t *crdTable) refresh() {
-	v, _, err := proxywasm.GetSharedDataInto(t.genBuf[:0], t.genKey)
-	if cap(v) > cap(t.genBuf) && cap(v) <= maxKeptVersion {
-		t.genBuf = v[:0]
-	}
+// refresh makes t follow the stored record whose generation the
+// directory names (gen 0: none; known false: the directory could not be
+// read, keep what is applied). Nothing is read while gen stays.
+func (t *crdTable) refresh(gen uint64, known bool) {
 	switch {
-	case errors.Is(err, types.ErrorStatusNotFound):
-		t.gen, t.active = nil, nil
+	case !known || gen == t.gen:
 		return
-	case err != nil:
-		logSharedDataError(t.genKey, err)
-		return
-	case t.gen != nil && bytes.Equal(v, t.gen):
+	case gen == 0:
+		t.gen, t.active = 0, nil
 		return
 	}
-	t.gen = append(t.gen[:0], v...)
 	data, _, err := proxywasm.GetSharedData(t.key)
 	if err != nil {
 		logSharedDataError(t.key, err)
 		return
 	}
+	t.gen = gen
 	rec, err := wire.DecodeConfig(data, t.limits)
 	if err != nil {
 		t.decodeErrors.Increment(1)

@@ -1,13 +1,13 @@
 package filter
 
 import (
-	"encoding/binary"
-	"hash/fnv"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/wasm-epp/wasm-epp/plugin/internal/shareddata"
 	"github.com/wasm-epp/wasm-epp/scheduler"
 	"github.com/wasm-epp/wasm-epp/scheduler/wire"
 )
@@ -26,9 +26,16 @@ func (e *env) setRecord(b []byte) {
 	e.t.Helper()
 	e.version++
 	setShared(e.t, e.cfg.ConfigKey(), b)
-	h := fnv.New64a()
-	h.Write(b)
-	setShared(e.t, e.cfg.ConfigGenKey(), binary.LittleEndian.AppendUint64(nil, h.Sum64()))
+	e.setConfigGen(wire.ConfigGenOf(b))
+}
+
+// setConfigGen names the stored record's generation in the directory, as
+// the receiver does after storing it (0: no record).
+func (e *env) setConfigGen(gen uint64) {
+	e.t.Helper()
+	w := wire.NewWriter(wire.NewKeys(e.cfg.SharedDataKeyPrefix), wire.Limits{}, time.Hour)
+	_, err := w.SetConfigGen(shareddata.Store{}, gen)
+	require.NoError(e.t, err)
 }
 
 func targets(ts ...any) []wire.WeightedTarget {

@@ -188,7 +188,7 @@ func (c *httpContext) onRequestHeaders(endOfStream bool) types.Action {
 			return c.refuse(outBadRequest, string(ReasonEmptyBody),
 				"the request body is empty: expected a JSON object with a \"model\" field")
 		}
-		return c.route(nil, nil, nil, "")
+		return c.route(nil, nil, nil, "", r.snapshot())
 	}
 	if cl, err := proxywasm.GetHttpRequestHeaderInto(r.headerBuf[:0], "content-length"); err == nil {
 		if n, ok := parseDecimal(cl); ok && n > uint64(r.cfg.MaxBodyBytes) {
@@ -223,7 +223,7 @@ func (c *httpContext) onRequestBody(bodySize int, endOfStream bool) types.Action
 	if err != nil {
 		return c.failInternal("cannot read the request body", err)
 	}
-	r.crd.refresh() // the model table from Kubernetes objects, if any changed
+	snap := r.refreshShared() // metrics and the model table from Kubernetes objects
 	p, err := parseRequest(body, r.cfg.MaxModelNameLength, r.knownModel)
 	if err != nil {
 		e := err.(*RequestError)
@@ -248,15 +248,15 @@ func (c *httpContext) onRequestBody(bodySize int, endOfStream bool) types.Action
 		}
 		r.prefix.Hashed(r.clock.Since() - start)
 	}
-	return c.route(&p, m, body, target)
+	return c.route(&p, m, body, target, snap)
 }
 
-// route schedules the request (p nil: no body, least loaded), rewrites the
-// model when the target differs, sets the destination header and lets the
-// request continue, or replies with the error the decision calls for.
-func (c *httpContext) route(p *Parsed, m *model, body []byte, targetModel string) types.Action {
+// route schedules the request (p nil: no body, least loaded) on snap (read
+// in this callback), rewrites the model when the target differs, sets the
+// destination header and lets the request continue, or replies with the
+// error the decision calls for.
+func (c *httpContext) route(p *Parsed, m *model, body []byte, targetModel string, snap *scheduler.Snapshot) types.Action {
 	r := c.r
-	snap := r.snapshot()
 	g := r.flow
 	if g != nil && p != nil && m.crit != scheduler.Critical {
 		return g.route(c, p, m, body, targetModel, snap) // flow control decides when (flow.go)

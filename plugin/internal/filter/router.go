@@ -360,12 +360,9 @@ func (r *Router) scanResponse(c *httpContext, size int, end bool) {
 	}
 }
 
-// maxKeptBody and maxKeptVersion cap the read buffers a router keeps:
-// larger bodies (rare: long prompts) get a buffer of their own.
-const (
-	maxKeptBody    = 256 << 10
-	maxKeptVersion = 1 << 10
-)
+// maxKeptBody caps the body buffer a router keeps: larger bodies (rare:
+// long prompts) get a buffer of their own.
+const maxKeptBody = 256 << 10
 
 // readBody reads the buffered request body into bodyBuf (growing it up to
 // maxKeptBody). The result is valid until the next request's body is read.
@@ -481,6 +478,16 @@ func (r *Router) requestObjective(a *activeTable) scheduler.Criticality {
 		return scheduler.Critical
 	}
 	return scheduler.Critical
+}
+
+// refreshShared brings the snapshot and the Kubernetes model table up to
+// date with one shared-data read when nothing changed: the directory names
+// both the segments' and the configuration record's generations.
+func (r *Router) refreshShared() *scheduler.Snapshot {
+	snap := r.snapshot()
+	gen, known := r.cache.ConfigGen()
+	r.crd.refresh(gen, known)
+	return snap
 }
 
 // snapshot returns the current snapshot. One small shared-data read (the

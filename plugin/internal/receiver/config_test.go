@@ -5,12 +5,14 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/wasm-epp/wasm-epp/plugin/config"
 	"github.com/wasm-epp/wasm-epp/plugin/internal/proxywasm"
+	"github.com/wasm-epp/wasm-epp/plugin/internal/shareddata"
 	"github.com/wasm-epp/wasm-epp/scheduler/wire"
 )
 
@@ -36,16 +38,21 @@ func record(t *testing.T, agent string, rev uint64, weight uint32) []byte {
 	return b
 }
 
-// storedConfig returns the stored record and its version key (nil when absent).
-func storedConfig(t *testing.T) ([]byte, []byte) {
+// storedConfig returns the stored record (nil when absent) and the
+// generation the directory names.
+func storedConfig(t *testing.T) ([]byte, uint64) {
 	t.Helper()
 	cfg, _ := config.Decode(nil)
+	dir, _, err := proxywasm.GetSharedData(wire.NewKeys(cfg.SharedDataKeyPrefix).Dir)
+	require.NoError(t, err)
+	gen, ok := wire.DirConfigGen(dir)
+	require.True(t, ok)
 	rec, _, err := proxywasm.GetSharedData(cfg.ConfigKey())
 	if err != nil {
-		return nil, nil
+		require.Zero(t, gen)
+		return nil, 0
 	}
-	gen, _, err := proxywasm.GetSharedData(cfg.ConfigGenKey())
-	require.NoError(t, err)
+	require.Equal(t, wire.ConfigGenOf(rec), gen, "the directory names the stored record")
 	return rec, gen
 }
 
@@ -56,7 +63,7 @@ func TestConfigRecordStoredOnlyWhenNewer(t *testing.T) {
 	require.Equal(t, uint32(204), r.status)
 	rec, gen := storedConfig(t)
 	assert.Equal(t, first, rec, "the record is stored whole")
-	assert.Len(t, gen, 8)
+	assert.NotZero(t, gen)
 
 	// Another agent, same table, later revisions: nothing is written.
 	same := record(t, "node-b", 11, 100)
@@ -137,7 +144,7 @@ func TestConfigRecordRejected(t *testing.T) {
 			assert.Equal(t, tc.code, r.code)
 			rec, gen := storedConfig(t)
 			assert.Nil(t, rec, "nothing written")
-			assert.Nil(t, gen)
+			assert.Zero(t, gen)
 		})
 	}
 }
@@ -166,4 +173,46 @@ func TestConfigPathConfiguration(t *testing.T) {
 	assert.ErrorContains(t, err, "receiver.configPath: must start with / and differ from receiver.path")
 	_, err = config.Decode([]byte(`{"receiver":{"maxConfigBytes":` + strconv.Itoa(17<<20) + `}}`))
 	assert.ErrorContains(t, err, "receiver.maxConfigBytes")
+}
+
+// Every agent resends its record every few seconds: a resend with the
+// stored table is answered without decoding it (one directory read and a
+// hash), as is a lagging agent's; a new table is decoded and stored. When
+// the directory lost the record's generation (rebuilt), the next resend
+// decodes once and writes it back.
+func TestConfigResendsCostWhatChanged(t *testing.T) {
+	host, r := newHostReceiver(t, `{"role":"receiver"}`)
+	post := func(b []byte) uint32 { return send(t, host, configHeaders(testToken, -1), b, 0).status }
+	first := record(t, "node-0", 10, 100)
+	require.Equal(t, uint32(204), post(first))
+	require.Equal(t, 1, r.config.decodes)
+	for round := range 5 {
+		for i := range 50 {
+			require.Equal(t, uint32(204), post(record(t, "node-"+strconv.Itoa(i), uint64(10+round), 100)))
+		}
+	}
+	assert.Equal(t, 1, r.config.decodes, "250 resends of the stored table: none decoded")
+	assert.Equal(t, uint32(409), post(record(t, "node-late", 9, 50)))
+	assert.Equal(t, 1, r.config.decodes, "a lagging agent: refused without decoding")
+	rec, gen := storedConfig(t)
+	assert.Equal(t, first, rec)
+
+	newer := record(t, "node-3", 20, 30)
+	require.Equal(t, uint32(204), post(newer))
+	assert.Equal(t, 2, r.config.decodes)
+	rec, gen2 := storedConfig(t)
+	assert.Equal(t, newer, rec)
+	assert.NotEqual(t, gen, gen2)
+
+	// The directory forgets the generation (as after a rebuild): routers
+	// would fall back to the bootstrap models until a resend repairs it.
+	w := wire.NewWriter(wire.NewKeys(config.DefaultSharedDataKeyPrefix), wire.Limits{}, time.Hour)
+	_, err := w.SetConfigGen(shareddata.Store{}, 0)
+	require.NoError(t, err)
+	require.Equal(t, uint32(204), post(record(t, "node-9", 21, 30)))
+	assert.Equal(t, 3, r.config.decodes)
+	_, gen3 := storedConfig(t)
+	assert.Equal(t, gen2, gen3, "the directory names the stored record again")
+	require.Equal(t, uint32(204), post(record(t, "node-8", 21, 30)))
+	assert.Equal(t, 3, r.config.decodes)
 }

@@ -92,9 +92,8 @@ func New(cfg *config.Config, token string) (*Receiver, error) {
 		mono:     time.Now,
 		counters: make(map[string]proxywasm.MetricCounter, len(outcomes)),
 	}
-	// Create every key now: Envoy runs plugin start on the main thread
-	// (and the canary) before a worker takes a push, and shared data has no
-	// "create if absent" that two first writes could not both pass.
+	// Create every missing key now (only if still absent, so a VM that
+	// starts late wipes nothing): routers then find a directory at once.
 	if err := r.writer.Init(shareddata.Store{}); err != nil {
 		return nil, fmt.Errorf("receiver: cannot create the shared-data keys: %w", err)
 	}

@@ -26,10 +26,14 @@ var testNow = time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC)
 // testVM is the smallest VM/plugin context pair that hosts a Receiver.
 type testVM struct {
 	types.DefaultVMContext
-	cfg string
+	cfg    string
+	plugin *testPlugin // the last one made
 }
 
-func (vm *testVM) NewPluginContext(uint32) types.PluginContext { return &testPlugin{vm: vm} }
+func (vm *testVM) NewPluginContext(uint32) types.PluginContext {
+	vm.plugin = &testPlugin{vm: vm}
+	return vm.plugin
+}
 
 type testPlugin struct {
 	types.DefaultPluginContext
@@ -55,11 +59,19 @@ func (p *testPlugin) NewHttpContext(id uint32) types.HttpContext { return p.r.Ne
 
 func newHost(t *testing.T, cfg string) proxytest.HostEmulator {
 	t.Helper()
-	opt := proxytest.NewEmulatorOption().WithVMContext(&testVM{cfg: cfg}).WithPluginConfiguration([]byte(cfg))
+	host, _ := newHostReceiver(t, cfg)
+	return host
+}
+
+// newHostReceiver is newHost that also returns the plugin's Receiver.
+func newHostReceiver(t *testing.T, cfg string) (proxytest.HostEmulator, *Receiver) {
+	t.Helper()
+	vm := &testVM{cfg: cfg}
+	opt := proxytest.NewEmulatorOption().WithVMContext(vm).WithPluginConfiguration([]byte(cfg))
 	host, reset := proxytest.NewHostEmulator(opt)
 	t.Cleanup(reset)
 	require.Equal(t, types.OnPluginStartStatusOK, host.StartPlugin())
-	return host
+	return host, vm.plugin.r
 }
 
 func push(t *testing.T, agent string, seq uint64, names ...string) []byte {
