@@ -5,6 +5,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -103,16 +104,9 @@ func FuzzDecodePushV2(f *testing.F) {
 // replaces what it cannot read and leaves shared data readable.
 func FuzzStoredValues(f *testing.F) {
 	pushes := seedPushesV2(f)
-	st := &MemStore{}
-	w := NewWriter(testKeys, Limits{}, time.Hour)
-	require.NoError(f, w.Init(st))
-	_, err := w.Apply(st, pushes[2], at(0))
-	require.NoError(f, err)
-	st.Each(func(key string, value []byte) {
-		if len(value) > segHeaderBytes || key == testKeys.Dir {
-			f.Add(key == testKeys.Dir, append([]byte(nil), value...))
-		}
-	})
+	for _, v := range seedStoredValues(f) {
+		f.Add(v.dir, v.value)
+	}
 	again := agentPush(f, "node-a", 8, at(time.Second), agentState("node-a", 3, 1, at(time.Second)))
 	f.Fuzz(func(t *testing.T, dir bool, value []byte) {
 		st := &MemStore{}
@@ -142,6 +136,19 @@ func FuzzStoredValues(f *testing.F) {
 		// The agent's next push replaces what cannot be read, and routers
 		// see it (blocks that fail their checks are left out, reported).
 		_, err = w.Apply(st, again, at(time.Second))
+		if errors.Is(err, ErrStaleSequence) {
+			// Not broken: a readable segment whose block for the agent
+			// claims a later push (an agent's seq survives its restarts).
+			var seg Segment
+			lim := DefaultLimits().resolved()
+			require.Nil(t, walkSegment(value, SegmentOf([]byte("node-a")), &lim, &seg), "refused as stale: %v", err)
+			later := false
+			for _, blk := range seg.Blocks {
+				later = later || string(blk.AgentID()) == "node-a" && blk.Seq() >= 8
+			}
+			require.True(t, later, "refused as stale without a later stored push: %v", err)
+			return
+		}
 		require.NoError(t, err, "a push over a broken value")
 		snap, _, _ := NewCache(testKeys, Limits{}).Refresh(st)
 		found := 0
@@ -152,6 +159,60 @@ func FuzzStoredValues(f *testing.F) {
 		}
 		require.Equal(t, 3, found, "the agent's new push is what routers see")
 	})
+}
+
+// FuzzDecodeDirectory: never panics; an accepted directory re-encodes to
+// one that decodes the same, and the one-field readers routers and receivers use
+// agree with it; a refused one says why, with a known kind.
+func FuzzDecodeDirectory(f *testing.F) {
+	for _, v := range seedStoredValues(f) {
+		if v.dir {
+			f.Add(v.value)
+		}
+	}
+	f.Add(AppendDirectory(nil, &Directory{}))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		var d Directory
+		gen, genOK := DirGen(b)
+		cgen, cgenOK := DirConfigGen(b)
+		if err := DecodeDirectory(b, &d); err != nil {
+			requireKnownKind(t, err)
+			require.Zero(t, d, "nothing decoded from a refused value")
+			return
+		}
+		require.True(t, genOK && cgenOK)
+		require.Equal(t, d.Gen, gen)
+		require.Equal(t, d.ConfigGen, cgen)
+		again := AppendDirectory(nil, &d)
+		require.Len(t, again, DirBytes)
+		var d2 Directory
+		require.NoError(t, DecodeDirectory(again, &d2))
+		require.Equal(t, d, d2)
+	})
+}
+
+// storedValue is one stored value for the seed corpora.
+type storedValue struct {
+	dir   bool
+	value []byte
+}
+
+// seedStoredValues are the directory and the segments a receiver stores
+// for the seed pushes.
+func seedStoredValues(f *testing.F) []storedValue {
+	pushes := seedPushesV2(f)
+	st := &MemStore{}
+	w := NewWriter(testKeys, Limits{}, time.Hour)
+	require.NoError(f, w.Init(st))
+	_, err := w.Apply(st, pushes[2], at(0))
+	require.NoError(f, err)
+	var out []storedValue
+	st.Each(func(key string, value []byte) {
+		if len(value) > segHeaderBytes || key == testKeys.Dir {
+			out = append(out, storedValue{key == testKeys.Dir, append([]byte(nil), value...)})
+		}
+	})
+	return out
 }
 
 // TestWriteFuzzSeeds regenerates the committed seed corpus under
@@ -176,6 +237,28 @@ func TestWriteFuzzSeeds(t *testing.T) {
 	for i, p := range seedPushesV2(&testing.F{}) {
 		write("FuzzDecodePushV2", []string{"agent", "agent-b", "relay"}[i], p)
 		write("FuzzDecodePushV2", []string{"agent", "agent-b", "relay"}[i]+"-truncated", p[:len(p)*2/3])
+	}
+	writeStored := func(name string, dir bool, b []byte) {
+		d := filepath.Join("testdata", "fuzz", "FuzzStoredValues")
+		require.NoError(t, os.MkdirAll(d, 0o755))
+		content := "go test fuzz v1\nbool(" + strconv.FormatBool(dir) + ")\n[]byte(" + quoteBytes(b) + ")\n"
+		require.NoError(t, os.WriteFile(filepath.Join(d, name), []byte(content), 0o644))
+	}
+	for _, v := range seedStoredValues(&testing.F{}) {
+		if v.dir {
+			write("FuzzDecodeDirectory", "dir", v.value)
+			write("FuzzDecodeDirectory", "dir-truncated", v.value[:len(v.value)/2])
+			writeStored("dir", true, v.value)
+			bad := append([]byte(nil), v.value...)
+			bad[3] = NumSegments / 2
+			writeStored("dir-other-segment-count", true, bad)
+			continue
+		}
+		writeStored("segment", false, v.value)
+		writeStored("segment-truncated", false, v.value[:len(v.value)*2/3])
+		bad := append([]byte(nil), v.value...)
+		bad[len(bad)-1] ^= 0xff // the last string's last byte
+		writeStored("segment-bad-string", false, bad)
 	}
 }
 
