@@ -352,6 +352,18 @@ func (h *Host) SharedData(vmID, key string) ([]byte, uint32, bool) {
 	return v, cas, r == ResultOK
 }
 
+// SharedDataKeys lists the keys of a vm_id's shared-data table, for tests
+// that bound them.
+func (h *Host) SharedDataKeys(vmID string) []string {
+	h.shared.mu.Lock()
+	defer h.shared.mu.Unlock()
+	keys := make([]string, 0, len(h.shared.data[vmID]))
+	for k := range h.shared.data[vmID] {
+		keys = append(keys, k)
+	}
+	return keys
+}
+
 // Close stops listeners, runs on_done/on_delete on every root context and
 // releases the VMs.
 func (h *Host) Close() error {

@@ -124,9 +124,9 @@ func (e *hostEnv) snapshot() *scheduler.Snapshot {
 }
 
 // sharedBytes counts the metrics keys that exist and their bytes.
+// sharedBytes counts every key of the plugin's shared data and its bytes.
 func (e *hostEnv) sharedBytes() (keys, size int) {
-	k := wire.NewKeys(wire.DefaultKeyPrefix)
-	for _, key := range append(k.Segments[:], k.Dir) {
+	for _, key := range e.host.SharedDataKeys(testVMID) {
 		if v, _, ok := e.host.SharedData(testVMID, key); ok {
 			keys++
 			size += len(v)
