@@ -480,6 +480,11 @@ func runOnce(cfg RunConfig, into *samples) (Result, error) {
 			ntpot = append(ntpot, lat/time.Duration(r.OutputTokens))
 		}
 	}
+	// Unique prompts share no block with any other, which a replica serves
+	// exactly as a prompt without token ids (TestUniquePromptsServeAsWithoutIDs
+	// in e2e/vllmsim), and without the hash index: the policies see the
+	// ids, the replicas do not (BENCHMARKS.md, replica-model cost).
+	idsToReplicas := !(sc.Traffic == nil && sc.UniquePrompts)
 	// send submits f to replica i at time at.
 	send := func(f *flight, i int, at time.Duration) error {
 		if i < 0 || i >= len(reps) {
@@ -489,6 +494,9 @@ func runOnce(cfg RunConfig, into *samples) (Result, error) {
 		inFlight[f.policy/vms][i]++
 		outstanding++
 		res.Routed[i]++
+		if !idsToReplicas {
+			f.req.Prompt = nil
+		}
 		err := reps[i].Submit(&f.req, at)
 		f.req.Prompt = nil // the source reuses the buffer
 		return err

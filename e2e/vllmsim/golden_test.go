@@ -133,3 +133,55 @@ func goldenRun(t *testing.T, name string, kvBlocks, loras, nilShare int) string 
 	}
 	return b.String()
 }
+
+// TestUniquePromptsServeAsWithoutIDs: prompts whose token ids no other
+// request shares are served exactly as prompts without ids, under KV
+// pressure (preemptions whose resumption hits the request's own blocks,
+// found by hash in one case and by tag in the other) and with adapters.
+// The fleet benchmark relies on it to keep such prompts' ids from the
+// replicas (e2e/fleet sim.go).
+func TestUniquePromptsServeAsWithoutIDs(t *testing.T) {
+	serve := func(withIDs bool) ([]Request, Metrics) {
+		cfg := DefaultReplicaConfig(Llama2_7B)
+		cfg.KVCapacityTokens = 16 * 700
+		cfg.MaxModelLen = cfg.KVCapacityTokens
+		cfg.MaxNumBatchedTokens = 512
+		cfg.MaxLoRAs = 2
+		r, err := NewReplica(cfg)
+		require.NoError(t, err)
+		rng := rand.New(rand.NewPCG(5, 6))
+		reqs := make([]Request, 600)
+		var now time.Duration
+		for i := range reqs {
+			q := &reqs[i]
+			q.ID, q.PromptTokens, q.OutputTokens, q.OutputSeed = uint64(i), 1+rng.IntN(700), 1+rng.IntN(300), uint64(i)
+			q.Adapter = []string{"", "a", "b", "c"}[rng.IntN(4)]
+			prompt := make([]uint32, q.PromptTokens)
+			for k := range prompt {
+				prompt[k] = rng.Uint32()
+			}
+			ask := rng.IntN(3) == 0
+			if withIDs {
+				q.Prompt = prompt
+				if ask {
+					r.CachedPrefixTokens(q) // as the oracle asks before Submit
+				}
+			}
+			now += time.Duration(rng.ExpFloat64() * float64(20*time.Millisecond))
+			require.NoError(t, r.Submit(q, now))
+			q.Prompt = nil
+		}
+		drain(t, r)
+		return reqs, r.Metrics()
+	}
+	with, mWith := serve(true)
+	without, mWithout := serve(false)
+	require.Positive(t, mWith.Preemptions, "the run must preempt")
+	require.Positive(t, mWith.PreemptedPrefixHits, "and resume on its own blocks")
+	require.Equal(t, mWithout, mWith)
+	for i := range with {
+		a, b := &with[i], &without[i]
+		require.Equal(t, [5]any{b.FirstTokenAt, b.CompletedAt, b.CachedTokens, b.Preemptions, b.Generated},
+			[5]any{a.FirstTokenAt, a.CompletedAt, a.CachedTokens, a.Preemptions, a.Generated}, "request %d", i)
+	}
+}
