@@ -123,8 +123,16 @@ const prefixReuseWindow = 128
 //     recent prompts (an average over the last prefixReuseWindow) found
 //     a prefix the index knows. Below that, a prompt nobody holds keeps
 //     every candidate for the scorers (PathPrefixUnshared), exactly as
-//     the scoring profile would route it. The share starts at 1: a fresh
-//     worker makes consistent choices until it has seen otherwise.
+//     the scoring profile would route it. A fresh worker counts one
+//     reused prompt before its first: its share is the plain average of
+//     that and the prompts seen so far until there are prefixReuseWindow
+//     of them, so it makes consistent choices from the start (two gateways
+//     agree on a conversation's first turns) and stops within about
+//     1/MinReuse prompts (20 by default) where nothing is reused. A share
+//     that started at 1 and decayed over the window took about 380
+//     prompts per worker, long enough to unbalance a fleet near
+//     saturation: scenario (a) at its knee, 3 % on its p90s
+//     (BENCHMARKS.md).
 //
 // Requests without prefix information keep every candidate
 // (PathPrefixNone).
@@ -140,8 +148,9 @@ type PrefixAffinityFilter struct {
 	MinReuse          float64
 
 	// unseen is the running share of recent prompts whose prefix no
-	// candidate held (0 at first: reuse is assumed until seen otherwise).
-	unseen float64
+	// candidate held; observed counts the prompts averaged (capped).
+	unseen   float64
+	observed int
 	rz     prefix.Rendezvous
 	pool   []*Endpoint
 	ids    []uint32
@@ -156,7 +165,7 @@ func (f *PrefixAffinityFilter) Paths() []string {
 }
 
 // Reuse is the running share of recent prompts that found a prefix the
-// index knows (1 before any request).
+// index knows (1 before any request: one reused prompt is assumed).
 func (f *PrefixAffinityFilter) Reuse() float64 { return 1 - f.unseen }
 
 // observe adds one prompt to the running reuse share.
@@ -165,7 +174,8 @@ func (f *PrefixAffinityFilter) observe(seen bool) {
 	if seen {
 		x = 0
 	}
-	f.unseen += (x - f.unseen) / prefixReuseWindow
+	f.observed = min(f.observed+1, prefixReuseWindow-1)
+	f.unseen += (x - f.unseen) / float64(f.observed+1)
 }
 
 func (f *PrefixAffinityFilter) hasCapacity(e *Endpoint) bool {

@@ -207,7 +207,8 @@ func TestNewPrefixesGoToTheScorersWhenNothingIsReused(t *testing.T) {
 	assert.Equal(t, PathPrefixConsistent, res.Path, "a fresh worker assumes prompts are reused")
 	for i := 1; i < 1000; i++ {
 		name, _, res := rig.route(t, snap, "m", unique(i), Critical)
-		if i < 400 { // the share decays below minReuse after about 380
+		if i < 19 { // the share counting prompt i is 1/(i+2): below minReuse from the 20th
+			require.Equal(t, PathPrefixConsistent, res.Path, "request %d, reuse share %.3f", i, rig.reuse(t))
 			continue
 		}
 		require.Equal(t, PathPrefixUnshared, res.Path, "request %d, reuse share %.3f", i, rig.reuse(t))
