@@ -151,10 +151,10 @@ type PrefixAffinityFilter struct {
 	// candidate held; observed counts the prompts averaged (capped).
 	unseen   float64
 	observed int
-	rz     prefix.Rendezvous
-	pool   []*Endpoint
-	ids    []uint32
-	loads  []int
+	rz       prefix.Rendezvous
+	pool     []*Endpoint
+	ids      []uint32
+	loads    []int
 }
 
 func (f *PrefixAffinityFilter) Name() string { return f.PluginName }

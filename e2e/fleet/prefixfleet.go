@@ -1,7 +1,9 @@
 package fleet
 
 import (
+	"encoding/json"
 	"math/rand/v2"
+	"slices"
 	"time"
 
 	"github.com/wasm-epp/wasm-epp/scheduler"
@@ -18,7 +20,9 @@ const (
 	// and nothing shared (as Higress' in-proxy picker keeps it).
 	PolicyPrefixPerVM = "prefix-aware-per-vm"
 	// PolicyConsistentHash is the same profile with no index at all:
-	// rendezvous hashing with bounded loads and the load guard only.
+	// rendezvous hashing with bounded loads and the load guard only, for
+	// every prompt (minReuse 0: without an index no prompt is ever seen
+	// reused, so the default would hand every one to the scorers).
 	PolicyConsistentHash = "consistent-hash"
 	// PolicyLLMDApproximate is llm-d's approximate prefix scorer with its
 	// default profile, one picker for every gateway (LLMDApprox).
@@ -31,8 +35,26 @@ func PrefixPolicies() []PolicySpec {
 	return []PolicySpec{
 		PrefixPolicySpec(PolicyPrefixAware, cfg, IndexShared),
 		PrefixPolicySpec(PolicyPrefixPerVM, cfg, IndexPerVM),
-		PrefixPolicySpec(PolicyConsistentHash, cfg, IndexNone),
+		PrefixPolicySpec(PolicyConsistentHash, consistentHashConfig(), IndexNone),
 		LLMDPolicySpec(),
+	}
+}
+
+// consistentHashConfig is the prefix-aware profile whose affinity filter
+// makes the consistent choice for every prompt nobody holds.
+func consistentHashConfig() scheduler.Config {
+	spec := scheduler.BuiltinProfiles()[scheduler.ProfilePrefixAware]
+	spec.Filters = slices.Clone(spec.Filters)
+	const name = "always-consistent"
+	for i, f := range spec.Filters {
+		if f == scheduler.TypePrefixAffinityFilter {
+			spec.Filters[i] = name
+		}
+	}
+	return scheduler.Config{
+		Profile:  PolicyConsistentHash,
+		Plugins:  []scheduler.PluginSpec{{Type: scheduler.TypePrefixAffinityFilter, Name: name, Parameters: json.RawMessage(`{"minReuse": 0}`)}},
+		Profiles: map[string]scheduler.ProfileSpec{PolicyConsistentHash: spec},
 	}
 }
 
