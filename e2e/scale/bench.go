@@ -2,8 +2,11 @@ package scale
 
 import (
 	"context"
+	"strings"
 	"sync"
 	"time"
+
+	"github.com/wasm-epp/wasm-epp/scheduler/wire"
 )
 
 // Mode is how metrics reach the gateway.
@@ -44,7 +47,11 @@ type RunConfig struct {
 	Windows []Phase
 	// Sample, when set, samples memory every Sample within each window.
 	Sample time.Duration
-	Logf   func(string, ...any)
+	// ConfigResend is how often each agent resends its configuration
+	// record while pushes run (0: every second, the agent's default;
+	// negative: never).
+	ConfigResend time.Duration
+	Logf         func(string, ...any)
 }
 
 // Phase is one measured window.
@@ -73,8 +80,9 @@ type Window struct {
 	// CPU is the gateway process's CPU time over the window;
 	// AggregatorCPU the aggregator processes' (ModeAggregator).
 	CPU, AggregatorCPU time.Duration
-	// Pushes and requests answered, by status.
+	// Pushes, configuration records and requests answered, by status.
 	Pushes       map[int]int64
+	Configs      map[int]int64
 	PushBytes    int64
 	PushErrors   int64
 	Requests     map[int]int64
@@ -83,9 +91,13 @@ type Window struct {
 	// time in the filter callbacks, CAS retries, contention answers.
 	ApplyCount, RequestCount int64
 	ApplyMicros, RequestUs   float64
-	CASRetries, Contention   int64
-	Refreshes                int64
-	RefreshMicros            float64
+	// ConfigCount and ConfigMicros: the receiver's time on configuration
+	// records.
+	ConfigCount            int64
+	ConfigMicros           float64
+	CASRetries, Contention int64
+	Refreshes              int64
+	RefreshMicros          float64
 	// Staleness probes (push sent -> visible to a router).
 	Lags          []time.Duration
 	Missed, Polls int
@@ -122,6 +134,9 @@ func Run(ctx context.Context, cfg RunConfig) (*Result, error) {
 	if cfg.Conns == 0 {
 		cfg.Conns = 8
 	}
+	if cfg.ConfigResend == 0 {
+		cfg.ConfigResend = time.Second
+	}
 	if len(cfg.Windows) == 0 {
 		cfg.Windows = []Phase{PhaseBoth, PhaseStaleness, PhasePushes, PhaseRequests, PhaseIdle}
 	}
@@ -150,8 +165,9 @@ func Run(ctx context.Context, cfg RunConfig) (*Result, error) {
 	res := &Result{Config: cfg, Agents: len(fleet.Agents)}
 	token, push, client := gw.Stack.Token(), gw.Stack.PushURL(), gw.Stack.ClientURL()
 
+	configURL := push[:strings.Index(push[len("http://"):], "/")+len("http://")] + wire.ConfigPath
 	probeEvents := make(chan ProbeEvent, 4)
-	pushStats := &PushStats{}
+	pushStats, configStats := &PushStats{}, &PushStats{}
 	loadStats := &LoadStats{}
 	probe := &Probe{}
 
@@ -162,7 +178,11 @@ func Run(ctx context.Context, cfg RunConfig) (*Result, error) {
 	startPush := func() {
 		pctx, cancel := context.WithCancel(ctx)
 		stopPush = func() { cancel(); pushWG.Wait(); stopPush = func() {} }
-		pushWG.Add(2)
+		pushWG.Add(3)
+		go func() {
+			defer pushWG.Done()
+			RunConfigResends(pctx, fleet, ConfigOptions{URL: configURL, Token: token, Resend: cfg.ConfigResend, Stats: configStats})
+		}()
 		go func() {
 			defer pushWG.Done()
 			switch cfg.Mode {
@@ -220,7 +240,7 @@ func Run(ctx context.Context, cfg RunConfig) (*Result, error) {
 		if aggs != nil {
 			aggCPU = aggs.CPU
 		}
-		w, err := measure(ctx, gw, ph, cfg.Window, cfg.Sample, pushStats, loadStats, probe, aggCPU)
+		w, err := measure(ctx, gw, ph, cfg.Window, cfg.Sample, pushStats, configStats, loadStats, probe, aggCPU)
 		if err != nil {
 			return nil, err
 		}
@@ -245,13 +265,14 @@ type snapshot struct {
 	cpu     time.Duration
 	stats   *Stats
 	pushes  map[int]int64
+	configs map[int]int64
 	bytes   int64
 	perr    int64
 	reqs    map[int]int64
 	reqSent int64
 }
 
-func take(ctx context.Context, gw *Gateway, ps *PushStats, ls *LoadStats) (snapshot, error) {
+func take(ctx context.Context, gw *Gateway, ps, cs *PushStats, ls *LoadStats) (snapshot, error) {
 	var s snapshot
 	var err error
 	if s.stats, err = gw.ReadStats(ctx); err != nil {
@@ -262,13 +283,14 @@ func take(ctx context.Context, gw *Gateway, ps *PushStats, ls *LoadStats) (snaps
 	}
 	s.at = time.Now()
 	s.pushes, s.bytes, s.perr = ps.Statuses(), ps.Bytes.Load(), ps.Errors.Load()
+	s.configs = cs.Statuses()
 	s.reqs, s.reqSent = ls.Statuses(), ls.Sent.Load()
 	return s, nil
 }
 
-func measure(ctx context.Context, gw *Gateway, ph Phase, d, sample time.Duration, ps *PushStats, ls *LoadStats, probe *Probe, aggCPU func() time.Duration) (Window, error) {
+func measure(ctx context.Context, gw *Gateway, ph Phase, d, sample time.Duration, ps, cs *PushStats, ls *LoadStats, probe *Probe, aggCPU func() time.Duration) (Window, error) {
 	agg0 := aggCPU()
-	a, err := take(ctx, gw, ps, ls)
+	a, err := take(ctx, gw, ps, cs, ls)
 	if err != nil {
 		return Window{}, err
 	}
@@ -289,15 +311,16 @@ func measure(ctx context.Context, gw *Gateway, ph Phase, d, sample time.Duration
 	} else if err := sleep(ctx, d); err != nil {
 		return Window{}, err
 	}
-	b, err := take(ctx, gw, ps, ls)
+	b, err := take(ctx, gw, ps, cs, ls)
 	if err != nil {
 		return Window{}, err
 	}
 	w := Window{Phase: ph, Duration: b.at.Sub(a.at), CPU: b.cpu - a.cpu, AggregatorCPU: aggCPU() - agg0,
-		Pushes: diff(b.pushes, a.pushes), PushBytes: b.bytes - a.bytes, PushErrors: b.perr - a.perr,
+		Pushes: diff(b.pushes, a.pushes), Configs: diff(b.configs, a.configs), PushBytes: b.bytes - a.bytes, PushErrors: b.perr - a.perr,
 		Requests: diff(b.reqs, a.reqs), RequestsSent: b.reqSent - a.reqSent}
 	w.ApplyCount, w.ApplyMicros = b.stats.HistDelta(a.stats, "wasm_epp.receiver.apply_us")
 	w.RequestCount, w.RequestUs = b.stats.HistDelta(a.stats, "wasm_epp.request_us")
+	w.ConfigCount, w.ConfigMicros = b.stats.HistDelta(a.stats, "wasm_epp.receiver.config_apply_us")
 	w.Refreshes, w.RefreshMicros = b.stats.HistDelta(a.stats, "wasm_epp.snapshot.refresh_us")
 	w.CASRetries = b.stats.Delta(a.stats, "wasm_epp.receiver.cas_retries")
 	w.Contention = b.stats.Delta(a.stats, "wasm_epp.receiver.contention")

@@ -281,3 +281,65 @@ func Percentiles(ds []time.Duration, ps ...float64) []time.Duration {
 	}
 	return out
 }
+
+// ConfigOptions configure the agents' configuration-record resends: an
+// agent watching Kubernetes objects sends its model table to every Envoy
+// every --config-resend (1 s by default), changed or not.
+type ConfigOptions struct {
+	URL    string
+	Token  string
+	Resend time.Duration
+	Stats  *PushStats
+}
+
+// ConfigRecord is the record agent id resends: every agent reads the same
+// objects, so every agent's table is the same (a rewrite of the bench's
+// model onto itself, and one objective).
+func ConfigRecord(id string) ([]byte, error) {
+	return wire.EncodeConfig(&wire.ConfigRecord{AgentID: id, PoolNamespace: "llm", PoolName: "bench",
+		Revision: wire.ConfigRevision{Pools: 1, Objectives: 1, Rewrites: 1},
+		Table: wire.ModelTable{
+			Rewrites:   []wire.ModelRewrite{{Model: "chat", Targets: []wire.WeightedTarget{{Model: "chat", Weight: 1}}}},
+			Objectives: []wire.Objective{{Name: "batch", Priority: -1}},
+		}}, wire.ConfigLimits{})
+}
+
+// RunConfigResends sends every agent's record once per Resend, the agents
+// spread evenly over it, until ctx ends.
+func RunConfigResends(ctx context.Context, f *Fleet, o ConfigOptions) {
+	if len(f.Agents) == 0 || o.Resend <= 0 {
+		return
+	}
+	records := make([][]byte, len(f.Agents))
+	for i, a := range f.Agents {
+		b, err := ConfigRecord(a.ID)
+		if err != nil {
+			panic(err) // a fixed, valid table
+		}
+		records[i] = b
+	}
+	p := newPoster(o.Token, 8, o.Stats)
+	defer p.close()
+	sem := make(chan struct{}, 8)
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	t := time.NewTicker(max(o.Resend/time.Duration(len(records)), 100*time.Microsecond))
+	defer t.Stop()
+	for i := 0; ; i = (i + 1) % len(records) {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		select {
+		case sem <- struct{}{}:
+		case <-ctx.Done():
+			return
+		}
+		wg.Add(1)
+		go func(b []byte) {
+			defer func() { <-sem; wg.Done() }()
+			p.post(ctx, o.URL, b)
+		}(records[i])
+	}
+}

@@ -42,6 +42,7 @@ func main() {
 		verbose   = flag.Bool("v", false, "log progress")
 		workDir   = flag.String("workdir", "", "keep each gateway's log and bootstrap under this directory")
 		sample    = flag.Duration("sample", 0, "sample the gateway's memory this often within each phase (soak)")
+		resend    = flag.Duration("config-resend", time.Second, "each agent resends its configuration record this often while pushing (the agent's --config-resend; negative: never)")
 	)
 	flag.Parse()
 	for _, p := range []*string{binDir, bootstrap, wasm, baseWasm} {
@@ -86,7 +87,7 @@ func main() {
 				cfg := scale.RunConfig{
 					Gateway: scale.GatewayOptions{BinDir: *binDir, Bootstrap: *bootstrap, Wasm: w, CompilationCache: *cache},
 					Mode:    scale.Mode(m), Endpoints: n, PerNode: *perNode, Change: *change, Rate: *rate,
-					Window: *window, Warmup: *warmup, Windows: phaseList, Sample: *sample, Logf: logf,
+					Window: *window, Warmup: *warmup, Windows: phaseList, Sample: *sample, ConfigResend: *resend, Logf: logf,
 				}
 				if *workDir != "" {
 					cfg.Gateway.WorkDir = filepath.Join(*workDir, fmt.Sprintf("%s-%d-rep%d", m, n, r))
@@ -117,6 +118,12 @@ func report(r *scale.Result) {
 		}
 		if w.ApplyCount > 0 {
 			line += fmt.Sprintf("  apply %.0f µs", w.ApplyMicros/float64(w.ApplyCount))
+		}
+		if n := sum(w.Configs); n > 0 {
+			line += fmt.Sprintf("  configs %4.0f/s %v", float64(n)/sec, w.Configs)
+		}
+		if w.ConfigCount > 0 {
+			line += fmt.Sprintf(" %.0f µs", w.ConfigMicros/float64(w.ConfigCount))
 		}
 		if w.RequestCount > 0 {
 			line += fmt.Sprintf("  req %.0f µs (%d)", w.RequestUs/float64(w.RequestCount), w.RequestCount)

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"time"
 
 	"github.com/wasm-epp/wasm-epp/plugin/config"
 	"github.com/wasm-epp/wasm-epp/plugin/internal/proxywasm"
@@ -90,6 +91,8 @@ func (c *pushContext) maxBytes() int {
 // is valid and newer (or the directory must be told the stored record's
 // generation again).
 func (r *Receiver) applyConfig(body []byte) (status int, outcome, msg string) {
+	start := r.mono()
+	defer func() { r.configUs.Record(uint64(r.mono().Sub(start) / time.Microsecond)) }()
 	cr := &r.config
 	st := shareddata.Store{}
 	head, err := wire.PeekConfig(body, cr.limits)

@@ -65,6 +65,8 @@ type Receiver struct {
 	counters map[string]proxywasm.MetricCounter
 	blocks   struct{ accepted, stale, swept, retries proxywasm.MetricCounter }
 	applyUs  proxywasm.MetricHistogram
+	// configUs times configuration records (config_apply_us).
+	configUs proxywasm.MetricHistogram
 	config   configRecords // config.go
 }
 
@@ -106,6 +108,7 @@ func New(cfg *config.Config, token string) (*Receiver, error) {
 	r.blocks.swept = proxywasm.DefineCounterMetric("wasm_epp.receiver.blocks_expired")
 	r.blocks.retries = proxywasm.DefineCounterMetric("wasm_epp.receiver.cas_retries")
 	r.applyUs = proxywasm.DefineHistogramMetric("wasm_epp.receiver.apply_us")
+	r.configUs = proxywasm.DefineHistogramMetric("wasm_epp.receiver.config_apply_us")
 	vmmem.Define()
 	return r, nil
 }
