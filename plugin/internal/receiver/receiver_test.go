@@ -64,7 +64,7 @@ func newHost(t *testing.T, cfg string) proxytest.HostEmulator {
 }
 
 // newHostReceiver is newHost that also returns the plugin's Receiver.
-func newHostReceiver(t *testing.T, cfg string) (proxytest.HostEmulator, *Receiver) {
+func newHostReceiver(t testing.TB, cfg string) (proxytest.HostEmulator, *Receiver) {
 	t.Helper()
 	vm := &testVM{cfg: cfg}
 	opt := proxytest.NewEmulatorOption().WithVMContext(vm).WithPluginConfiguration([]byte(cfg))
