@@ -73,15 +73,17 @@ bench-flow: cmds ## Flow-control fleet benchmark (about 2 min): today's 429 vs t
 SCALE_V1 ?= 4132b91
 SCALE_OUT ?= e2e/results/scale
 
-bench-scale: build ## Metrics path at fleet sizes (about 75 min): pushes into the real .wasm with 4 router VMs; writes $(SCALE_OUT)/.
+bench-scale: build ## Metrics path at fleet sizes (about 45 min): pushes and config resends into the real .wasm with 4 router VMs; writes $(SCALE_OUT)/.
 	@mkdir -p $(SCALE_OUT)
 	@rm -rf $(BIN)/scale-v1 && mkdir -p $(BIN)/scale-v1 && git archive $(SCALE_V1) | tar -x -C $(BIN)/scale-v1 && \
 	  sed -i 's/MaxAgents:         256,/MaxAgents:         4096,/; s/MaxTotalEndpoints: 4096,/MaxTotalEndpoints: 16384,/' $(BIN)/scale-v1/scheduler/wire/limits.go && \
 	  (cd $(BIN)/scale-v1 && GOOS=wasip1 GOARCH=wasm $(GO) build -buildmode=c-shared -trimpath -o $(BIN)/wasm-epp-v1.wasm ./plugin) && rm -rf $(BIN)/scale-v1
-	$(BIN)/scalebench -base-wasm $(BIN)/wasm-epp-v1.wasm -modes direct-v1,direct-v2,relay -sizes 100,1000 -per-node 2 -reps 3 -window 10s -out $(SCALE_OUT)/small.jsonl | tee $(SCALE_OUT)/small.txt
-	$(BIN)/scalebench -modes relay -sizes 1000,5000 -per-node 2 -reps 3 -window 10s -rate 100 -out $(SCALE_OUT)/relay-2.jsonl | tee $(SCALE_OUT)/relay-2.txt
-	$(BIN)/scalebench -modes relay -sizes 1000,5000 -per-node 8 -reps 3 -window 10s -rate 100 -out $(SCALE_OUT)/relay-8.jsonl | tee $(SCALE_OUT)/relay-8.txt
-	$(BIN)/scalebench -modes relay -sizes 5000 -per-node 2 -rate 100 -phases soak -window 10m -sample 10s -out $(SCALE_OUT)/soak.jsonl | tee $(SCALE_OUT)/soak.txt
+	$(BIN)/scalebench -base-wasm $(BIN)/wasm-epp-v1.wasm -modes direct-v1,direct-v2,relay -sizes 100,1000 -per-node 2 -reps 3 -window 5s -out $(SCALE_OUT)/small.jsonl | tee $(SCALE_OUT)/small.txt
+	$(BIN)/scalebench -modes relay -sizes 5000 -per-node 2 -reps 3 -window 5s -rate 100 -out $(SCALE_OUT)/relay-5000.jsonl | tee $(SCALE_OUT)/relay-5000.txt
+	$(BIN)/scalebench -modes relay -sizes 1000,5000 -per-node 8 -reps 2 -window 5s -rate 100 -out $(SCALE_OUT)/relay-8.jsonl | tee $(SCALE_OUT)/relay-8.txt
+	$(BIN)/scalebench -modes aggregator -sizes 1000 -per-node 2 -reps 2 -window 5s -out $(SCALE_OUT)/aggregator.jsonl | tee $(SCALE_OUT)/aggregator.txt
+	$(BIN)/scalebench -modes relay -sizes 1000,5000 -per-node 2 -change 0.1 -reps 2 -window 5s -rate 100 -out $(SCALE_OUT)/relay-change-0.1.jsonl | tee $(SCALE_OUT)/relay-change-0.1.txt
+	$(BIN)/scalebench -modes relay -sizes 5000 -per-node 2 -rate 100 -phases soak -window 10m -sample 30s -out $(SCALE_OUT)/soak.jsonl | tee $(SCALE_OUT)/soak.txt
 
 images: ## Build container images (docker/podman/buildah), or print the commands.
 	@build/images.sh

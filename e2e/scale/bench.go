@@ -51,7 +51,7 @@ type RunConfig struct {
 	// record while pushes run (0: every second, the agent's default;
 	// negative: never).
 	ConfigResend time.Duration
-	Logf         func(string, ...any)
+	Logf         func(string, ...any) `json:"-"`
 }
 
 // Phase is one measured window.

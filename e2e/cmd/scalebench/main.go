@@ -98,7 +98,9 @@ func main() {
 				}
 				report(res)
 				if enc != nil {
-					_ = enc.Encode(res)
+					if err := enc.Encode(res); err != nil {
+						fail(err)
+					}
 				}
 			}
 		}
