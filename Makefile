@@ -82,7 +82,7 @@ bench-scale: build ## Metrics path at fleet sizes (about 45 min): pushes and con
 	$(BIN)/scalebench -modes relay -sizes 5000 -per-node 2 -reps 3 -window 5s -rate 100 -out $(SCALE_OUT)/relay-5000.jsonl | tee $(SCALE_OUT)/relay-5000.txt
 	$(BIN)/scalebench -modes relay -sizes 1000,5000 -per-node 8 -reps 2 -window 5s -rate 100 -out $(SCALE_OUT)/relay-8.jsonl | tee $(SCALE_OUT)/relay-8.txt
 	$(BIN)/scalebench -modes aggregator -sizes 1000 -per-node 2 -reps 2 -window 5s -out $(SCALE_OUT)/aggregator.jsonl | tee $(SCALE_OUT)/aggregator.txt
-	$(BIN)/scalebench -modes relay -sizes 1000,5000 -per-node 2 -change 0.1 -reps 2 -window 5s -rate 100 -out $(SCALE_OUT)/relay-change-0.1.jsonl | tee $(SCALE_OUT)/relay-change-0.1.txt
+	$(BIN)/scalebench -modes relay -sizes 1000 -per-node 2 -change 0.1 -reps 2 -window 5s -out $(SCALE_OUT)/relay-change-0.1.jsonl | tee $(SCALE_OUT)/relay-change-0.1.txt
 	$(BIN)/scalebench -modes relay -sizes 5000 -per-node 2 -rate 100 -phases soak -window 10m -sample 30s -out $(SCALE_OUT)/soak.jsonl | tee $(SCALE_OUT)/soak.txt
 
 images: ## Build container images (docker/podman/buildah), or print the commands.

@@ -65,6 +65,8 @@ type Receiver struct {
 	counters map[string]proxywasm.MetricCounter
 	blocks   struct{ accepted, stale, swept, retries proxywasm.MetricCounter }
 	applyUs  proxywasm.MetricHistogram
+	// bodyBuf holds the push being applied (bounded by the body limits).
+	bodyBuf []byte
 	// configUs times configuration records (config_apply_us).
 	configUs proxywasm.MetricHistogram
 	config   configRecords // config.go
@@ -170,7 +172,13 @@ func (c *pushContext) OnHttpRequestBody(bodySize int, endOfStream bool) types.Ac
 	if !endOfStream {
 		return types.ActionPause // buffer until the whole push is here
 	}
-	body, err := proxywasm.GetHttpRequestBody(0, bodySize)
+	// Into a buffer kept between pushes: a relay push of a few thousand
+	// agents is a megabyte, and a buffer per push was garbage the guest's
+	// collector did not keep up with (Wasm memory never shrinks).
+	body, err := proxywasm.GetHttpRequestBodyInto(c.r.bodyBuf[:0], 0, bodySize)
+	if cap(body) > cap(c.r.bodyBuf) {
+		c.r.bodyBuf = body[:0]
+	}
 	if err != nil {
 		return c.reply(500, outcomeStoreError, "internal", "cannot read the push body: "+err.Error())
 	}
