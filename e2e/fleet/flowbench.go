@@ -115,6 +115,16 @@ func RunFlowBench(cfg FlowBenchConfig) (*FlowReport, error) {
 			add(pct(load), load, FlowPolicySpec(b, cfg.Flow), nil)
 		}
 	}
+	// The critical load alone (every non-critical request refused, as it
+	// were): the floor of critical TTFT that admitting non-critical
+	// requests can only raise.
+	alone := func(rc *RunConfig) {
+		rc.Scenario.Criticality = CriticalityMix{Critical: 1}
+		rc.Rate *= sc.Criticality.Critical / (sc.Criticality.Critical + sc.Criticality.Standard + sc.Criticality.Sheddable)
+	}
+	for _, load := range cfg.Loads {
+		add(pct(load)+aloneSuffix, load, cfg.Base, alone)
+	}
 	burst := func(rc *RunConfig) { rc.Burst, rc.RecordOutcomes = cfg.Burst, true }
 	for _, b := range bases {
 		add("burst", cfg.BurstLoad, b, burst)
@@ -202,6 +212,9 @@ func (r *FlowReport) find(point, policy string) *FlowBenchRow {
 }
 
 func pct(load float64) string { return fmt.Sprintf("%.0f%%", 100*load) }
+
+// aloneSuffix marks the points of the critical load alone.
+const aloneSuffix = " critical alone"
 
 // refusedShare is the fraction of measured non-critical requests refused.
 func refusedShare(classes [3]ClassResult) float64 {
@@ -325,7 +338,7 @@ func (r *FlowReport) Markdown(w io.Writer, command string) {
 	fmt.Fprintf(w, "|---|---|---:|---:|---|---:|---:|---:|---|---:|\n")
 	for i := range r.Rows {
 		row := &r.Rows[i]
-		if row.Point == "burst" || strings.Contains(row.Point, "VMs") {
+		if row.Point == "burst" || strings.Contains(row.Point, "VMs") || strings.HasSuffix(row.Point, aloneSuffix) {
 			continue
 		}
 		base := r.find(row.Point, strings.TrimSuffix(row.Policy, FlowSuffix))
@@ -342,6 +355,23 @@ func (r *FlowReport) Markdown(w io.Writer, command string) {
 			row.Point, row.Policy, nc.Refused, 100*refusedShare(res.Classes), ratio,
 			dur(res.Classes[scheduler.Critical].TTFT.P50), dur(res.Classes[scheduler.Critical].TTFT.P90), worse,
 			dur(res.Classes[scheduler.Standard].TTFT.P90)+" / "+dur(res.Classes[scheduler.Sheddable].TTFT.P90), res.ThroughputRPS, res.Flow.Queued, res.Flow.Released, res.Flow.Expired, dur(res.Flow.Wait.P90))
+	}
+	fmt.Fprintf(w, "\n### Critical requests against the critical load alone\n\n")
+	fmt.Fprintf(w, "The same fleet with only the critical arrivals (%s at the critical share of each load's rate): the critical TTFT no admission of non-critical requests can beat, since those share the replicas' batches.\n\n", c.Base.Name)
+	fmt.Fprintf(w, "| load | critical alone p90 (per seed) | %s p90 | %s%s p90 |\n|---|---:|---:|---:|\n", c.Base.Name, c.Base.Name, FlowSuffix)
+	for _, load := range c.Loads {
+		a := r.find(pct(load)+aloneSuffix, c.Base.Name)
+		today, flow := r.find(pct(load), c.Base.Name), r.find(pct(load), c.Base.Name+FlowSuffix)
+		if a == nil || today == nil || flow == nil {
+			continue
+		}
+		var p90s []float64
+		for _, sr := range a.Result.PerSeed {
+			p90s = append(p90s, float64(sr.Classes[scheduler.Critical].TTFT.P90))
+		}
+		fmt.Fprintf(w, "| %s | %s (%s) | %s | %s |\n", pct(load), dur(a.Result.Classes[scheduler.Critical].TTFT.P90),
+			spreadOf(p90s).format(func(x float64) string { return dur(time.Duration(x)) }),
+			dur(today.Result.Classes[scheduler.Critical].TTFT.P90), dur(flow.Result.Classes[scheduler.Critical].TTFT.P90))
 	}
 	fmt.Fprintf(w, "\n### What any gateway must refuse\n\n")
 	fmt.Fprintf(w, "Past saturation some non-critical requests cannot be served at all, however they are queued: the offered load beyond what the fleet serves once every critical request is. Two capacities: the fleet saturation above (%.1f req/s, one replica measured overloaded, with the preemptions that brings), and what the fleet served with flow control's admission at the highest load, where its queue never empties (%.1f req/s: replicas fed only while a request starts at once, without preemption). The second is the higher, so it bounds what any admission can do here.\n\n", r.Capacity.FleetRPS, flowCap)
