@@ -207,7 +207,7 @@ func (fp *fastPrefix) consistent(c *Cycle, x *snapIndex, k int, t *PrefixTracker
 	active := fp.active[:0]
 	if a := x.adapter(target); a >= 0 {
 		for _, h := range x.holders[a] {
-			if inPool(h) && c.Snapshot.Endpoints[h].Metrics.HasActiveModel(target) {
+			if inPool(h) && x.runs(c, h, a) {
 				active = append(active, h)
 			}
 		}
@@ -324,9 +324,9 @@ func (fp *fastPrefix) matchesIn(t *PrefixTracker, snap *Snapshot) bool {
 func (fp *fastPrefix) scored(c *Cycle, x *snapIndex, cl scoreClass, promptBlocks int) int {
 	nu := cl.norm(x, fp.spec)
 	cand := &x.orders[cl.load]
-	target := c.TargetModel()
+	a := x.adapter(c.TargetModel())
 	var holders []int32
-	if a := x.adapter(target); a >= 0 && fp.spec.lora {
+	if a >= 0 && fp.spec.lora {
 		holders = x.holders[a]
 	}
 	hs := fp.hs[:0]
@@ -345,7 +345,7 @@ func (fp *fastPrefix) scored(c *Cycle, x *snapIndex, cl scoreClass, promptBlocks
 			lora = LoRAScoreFreeSlot
 		}
 		if h < len(holders) && holders[h] == i {
-			lora = x.loraScore(c, i, target)
+			lora = x.loraScore(c, i, a)
 			h++
 		}
 		share := 0.0

@@ -216,19 +216,30 @@ func (sp *scorePick) pick(c *Cycle, x *snapIndex, cl scoreClass, hs []holderScor
 	return nthTie(es, run0, run1, ex, hs, best, k)
 }
 
-// loraScore is the LoRA affinity scorer's value for endpoint i, which
-// lists target (active or waiting).
-func (x *snapIndex) loraScore(c *Cycle, i int32, target string) float64 {
-	m := &c.Snapshot.Endpoints[i].Metrics
+// loraScore is the LoRA affinity scorer's value for endpoint i, a holder
+// of adapter a.
+func (x *snapIndex) loraScore(c *Cycle, i, a int32) float64 {
 	switch {
-	case m.HasActiveModel(target):
+	case x.runs(c, i, a):
 		return LoRAScoreActive
 	case x.flags[i]&flagFree != 0:
 		return LoRAScoreFreeSlot
-	case m.HasWaitingModel(target):
-		return LoRAScoreWaiting
 	}
-	return 0
+	return LoRAScoreWaiting // it lists the adapter, not as active
+}
+
+// runs reports whether endpoint i, a holder of adapter a, lists a among
+// its active adapters (Metrics.HasActiveModel, by id: the name's first
+// listing is the one counted as a, and active adapters are listed
+// first).
+func (x *snapIndex) runs(c *Cycle, i, a int32) bool {
+	na := len(c.Snapshot.Endpoints[i].Metrics.ActiveModels)
+	for k, r := range x.ads[i] {
+		if r.id == a {
+			return k < na
+		}
+	}
+	return false
 }
 
 // fastScoring decides a scoring profile on the index.
@@ -283,7 +294,7 @@ func (f *fastScoring) decide(c *Cycle, x *snapIndex) int {
 			cand := &x.orders[cl.load]
 			for _, h := range x.holders[a] {
 				if x.member(cand, int(h)) {
-					hs = append(hs, holderScore{h, f.spec.score(&nu, x.values(int(h)), x.loraScore(c, h, target), 0)})
+					hs = append(hs, holderScore{h, f.spec.score(&nu, x.values(int(h)), x.loraScore(c, h, a), 0)})
 				}
 			}
 		}
