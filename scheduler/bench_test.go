@@ -1,8 +1,14 @@
 package scheduler
 
 import (
+	"encoding/json"
 	"fmt"
+	"slices"
+	"strings"
 	"testing"
+	"time"
+
+	"github.com/wasm-epp/wasm-epp/scheduler/prefix"
 )
 
 // benchSizes are the snapshot sizes of the scheduler benchmarks.
@@ -216,5 +222,90 @@ func drift(r interface{ IntN(int) int }, m *Metrics) {
 	}
 	if r.IntN(50) == 0 && len(m.WaitingModels) > 0 {
 		m.WaitingModels = m.WaitingModels[1:]
+	}
+}
+
+// BenchmarkSchedulePrefixAware is one prefix-aware decision per op, the
+// tracker's lookup (PrefixTracker.Prepare) included, scanning and
+// indexed. Prompts share a few long contexts:
+//
+//   - prompts=known: they have been routed before, so most take the
+//     affinity path;
+//
+//   - prompts=new: the index knows none of them and the affinity filter's
+//     minReuse is 0, so every one gets the consistent choice for a new
+//     prefix (rendezvous over the pool, narrowed to the target adapter's
+//     holders where it runs);
+//
+//   - prompts=unique: the index knows none of them under the default
+//     minReuse, so once the reuse share has fallen below it they go to
+//     the scorers (prefix/unshared).
+//
+//     go test -run '^$' -bench BenchmarkSchedulePrefixAware -benchmem ./scheduler/
+func BenchmarkSchedulePrefixAware(b *testing.B) {
+	h, err := prefix.NewHasher(prefix.HashConfig{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	var prompts []benchPrompt
+	for i := range 40 {
+		raw, _ := json.Marshal(fmt.Sprintf("%s question %d?", strings.Repeat(fmt.Sprintf("Context %d that every question repeats. ", i%8), 40), i))
+		model := []string{"base", adapterName(i % 10)}[i%2]
+		if err := h.HashPrompt(model, nil, raw); err != nil {
+			b.Fatal(err)
+		}
+		prompts = append(prompts, benchPrompt{slices.Clone(h.Blocks()), h.Key(), model})
+	}
+	const newPrefixes = `{"profile": "p", "plugins": [{"type": "prefix-affinity-filter", "name": "pa", "parameters": {"minReuse": 0}}],
+		"profiles": {"p": {"filters": ["shed-filter", "pa"], "scorers": [{"scorer": "prefix-cache-scorer", "weight": 3},
+		{"scorer": "lora-affinity-scorer", "weight": 10}, {"scorer": "queue-scorer", "weight": 1},
+		{"scorer": "kv-cache-scorer", "weight": 2}, {"scorer": "running-requests-scorer", "weight": 1}], "picker": "max-score-picker"}}}`
+	for _, kind := range []struct {
+		name, config string
+		known        bool
+	}{{"known", `{"profile": "prefix-aware"}`, true}, {"new", newPrefixes, false}, {"unique", `{"profile": "prefix-aware"}`, false}} {
+		for _, n := range benchSizes {
+			for _, mode := range benchModes {
+				b.Run(fmt.Sprintf("prompts=%s/endpoints=%d/%s", kind.name, n, mode.name), func(b *testing.B) {
+					benchPrefixAware(b, n, mode.minEndpoints, kind.config, kind.known, prompts)
+				})
+			}
+		}
+	}
+}
+
+type benchPrompt struct {
+	blocks []uint64
+	key    uint64
+	model  string
+}
+
+func benchPrefixAware(b *testing.B, n, minEndpoints int, config string, known bool, prompts []benchPrompt) {
+	snap := randomSnapshot(newRand(uint64(n)), n)
+	o := seeded(1)
+	o.IndexMinEndpoints = minEndpoints
+	s := newScheduler(b, config, o)
+	idx, err := prefix.NewIndex(prefix.IndexConfig{}, nil)
+	if err != nil {
+		b.Fatal(err)
+	}
+	t := NewPrefixTracker(idx)
+	var req Request
+	decide := func(i int) Result {
+		p := &prompts[i%len(prompts)]
+		req = Request{Model: p.model, TargetModel: p.model, Criticality: Criticality(i % 3)}
+		t.Prepare(&req, snap, p.blocks, p.key)
+		return s.Schedule(&req, snap)
+	}
+	for i := range 1000 { // the index learns where prompts went; the reuse share settles
+		if res := decide(i); res.Outcome == Routed && known {
+			t.Routed(res.Index, time.Unix(0, 0))
+		}
+	}
+	b.ReportAllocs()
+	i := 0
+	for b.Loop() {
+		decide(i)
+		i++
 	}
 }

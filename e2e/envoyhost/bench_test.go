@@ -151,6 +151,14 @@ func BenchmarkFilterCallbacksMainPlugin(b *testing.B) {
 		}
 		benchmarkMainPlugin(b, code, pluginConfig, "flow="+flow, 8, 64, 1000)
 	}
+	// The default profile of envoy/envoy.yaml: the prompt is hashed and
+	// looked up, and after the first request its holder is known
+	// (prompts=same); or every prompt starts differently, so none is
+	// held and, once the filter's reuse share is below minReuse, the
+	// scorers choose (prompts=unique).
+	prefixAware := `{"models": [{"name": "chat", "criticality": "Standard"}], "scheduler": {"profile": "prefix-aware"}}`
+	benchmarkMainPlugin(b, code, prefixAware, "profile=prefix-aware/prompts=same", 8, 64, 1000)
+	benchmarkMainPlugin(b, code, prefixAware, "profile=prefix-aware/prompts=unique", 8, 64, 1000)
 }
 
 // BenchmarkFilterCallbacksLargeN is the same request over fleets of 64,
@@ -165,6 +173,9 @@ func BenchmarkFilterCallbacksLargeN(b *testing.B) {
 	}
 }
 
+// benchmarkMainPlugin runs the benchmark's request through the module
+// under pluginConfig at each of sizes endpoints; a variant ending in
+// "prompts=unique" numbers each request's prompt at its start.
 func benchmarkMainPlugin(b *testing.B, code []byte, pluginConfig, variant string, sizes ...int) {
 	cfg, err := config.Decode([]byte(pluginConfig))
 	require.NoError(b, err)
@@ -184,9 +195,16 @@ func benchmarkMainPlugin(b *testing.B, code []byte, pluginConfig, variant string
 			content := strings.Repeat("The quick brown fox jumps over the lazy dog. ", 88)
 			body := []byte(`{"model":"chat","messages":[{"role":"system","content":"You are helpful."},{"role":"user","content":"` +
 				content + `"}],"stream":false,"max_tokens":256,"temperature":0.7}`)
+			unique := strings.HasSuffix(variant, "prompts=unique")
+			numbered := bytes.Index(body, []byte(content))
 			var req *HeaderMap
 			b.ResetTimer()
 			for i := 0; i < b.N; i++ {
+				if unique {
+					for k, v := numbered+7, i; k >= numbered; k, v = k-1, v/10 { // eight digits in place
+						body[k] = byte('0' + v%10)
+					}
+				}
 				req = reqHeaders.Clone() // the filter sets the destination header
 				d := newDirectStream(vm, root)
 				d.requestHeaders(req, false)
