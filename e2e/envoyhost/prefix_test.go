@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -19,9 +20,19 @@ import (
 // prefix-aware profile over n fresh endpoints.
 func prefixHarness(t testing.TB, workers, n int, profile string) (*harness, *config.Config) {
 	t.Helper()
+	return prefixHarnessWith(t, workers, n, profile, "")
+}
+
+// prefixHarnessWith is prefixHarness with more top-level members of the
+// plugin configuration (JSON without braces, "" for none).
+func prefixHarnessWith(t testing.TB, workers, n int, profile, more string) (*harness, *config.Config) {
+	t.Helper()
 	code, err := os.ReadFile(wasmbuild.Plugin(t))
 	require.NoError(t, err)
-	pluginConfig := `{"models": [{"name": "chat", "criticality": "Critical"}], "scheduler": {"profile": "` + profile + `"}}`
+	if more != "" {
+		more = ", " + more
+	}
+	pluginConfig := `{"models": [{"name": "chat", "criticality": "Critical"}], "scheduler": {"profile": "` + profile + `"}` + more + `}`
 	cfg, err := config.Decode([]byte(pluginConfig))
 	require.NoError(t, err)
 	h := newHarness(t, trivialGuestPkg, withWorkers(workers), withAllowStopIteration(), withPluginConfig(pluginConfig),
@@ -164,22 +175,49 @@ func TestPrefixFeedbackInTheHost(t *testing.T) {
 }
 
 // BenchmarkPrefixFilterCallbacks is BenchmarkFilterCallbacksMainPlugin for
-// chat bodies of several sizes, with the default decision tree and with
-// prefix-aware routing (hashing, lookup, record, and the response's usage
-// read as it passes), 8 endpoints.
+// chat bodies of several sizes, with the default decision tree, the
+// scoring profile and prefix-aware routing (hashing, lookup, record, and
+// the response's usage read as it passes), 8 endpoints.
+//
+// prefix-aware syncs its index on the root context's tick (50 ms), which
+// a request does not wait for; "prefix-aware-sync10s" leaves the ticks
+// out, so that the request path alone is counted where each request is
+// slowed down (under cachegrind a request takes about 50 times longer, so
+// the ticks would come every few requests instead of every few hundred).
+// "prefix-aware-tickeach" adds a tick after every request: its excess
+// over prefix-aware-sync10s is what one tick costs (a sync with one request's writes).
 func BenchmarkPrefixFilterCallbacks(b *testing.B) {
+	const noTicks = `"prefix": {"syncInterval": "10s"}`
+	cases := []struct {
+		name, profile, more string
+		tickEach            bool
+	}{
+		{"decision-tree", "decision-tree", "", false},
+		{"scoring", "scoring", "", false},
+		{"prefix-aware", "prefix-aware", "", false},
+		{"prefix-aware-sync10s", "prefix-aware", noTicks, false},
+		{"prefix-aware-tickeach", "prefix-aware", noTicks, true},
+	}
 	for _, kib := range []int{4, 64, 220, 256} {
-		for _, profile := range []string{"decision-tree", "prefix-aware"} {
-			b.Run(fmt.Sprintf("%dKiB/%s", kib, profile), func(b *testing.B) {
-				h, cfg := prefixHarness(b, 1, 8, profile)
+		for _, c := range cases {
+			b.Run(fmt.Sprintf("%dKiB/%s", kib, c.name), func(b *testing.B) {
+				h, cfg := prefixHarnessWith(b, 1, 8, c.profile, c.more)
 				content := strings.Repeat("The quick brown fox jumps over the lazy dog. ", kib*1024/45)
 				body := chatJSON("You are helpful.", content)
-				resp := []byte(`{"id":"x","choices":[{"index":0,"message":{"role":"assistant","content":"Sure."}}],"usage":{"prompt_tokens":1000,"completion_tokens":2,"prompt_tokens_details":{"cached_tokens":900}}}`)
+				// The usage confirms the prediction (all but the last
+				// block cached, as vLLM reports a repeated prompt), the
+				// steady state: a misprediction would also forget and
+				// re-record the prompt's entries on every request.
+				resp := []byte(`{"id":"x","choices":[{"index":0,"message":{"role":"assistant","content":"Sure."}}],"usage":{"prompt_tokens":` +
+					strconv.Itoa(len(body)/4) + `,"completion_tokens":2,"prompt_tokens_details":{"cached_tokens":` + strconv.Itoa(len(body)/4-16) + `}}}`)
 				routeOn(b, h, cfg, 1, body, resp)
 				cpu0 := processCPU()
 				b.ResetTimer()
 				for range b.N {
 					routeOn(b, h, cfg, 1, body, resp)
+					if c.tickEach {
+						tickRoot(b, h, 1)
+					}
 				}
 				b.StopTimer()
 				b.ReportMetric(float64(b.Elapsed().Microseconds())/float64(b.N), "µs/req")
@@ -188,5 +226,20 @@ func BenchmarkPrefixFilterCallbacks(b *testing.B) {
 				b.ReportMetric(float64((processCPU()-cpu0).Microseconds())/float64(b.N), "cpu-µs/req")
 			})
 		}
+	}
+}
+
+// tickRoot runs proxy_on_tick for worker thread's root context now, as
+// its timer would.
+func tickRoot(t testing.TB, h *harness, thread int) {
+	t.Helper()
+	vm, _, _ := h.host.listeners[0].plugin.contextFor(thread)
+	require.NotNil(t, vm)
+	vm.mu.Lock()
+	defer vm.mu.Unlock()
+	require.NotEmpty(t, vm.timers, "no root context set a tick period")
+	for id := range vm.timers {
+		_, _, ok := vm.callback(vm.contexts[id], "proxy_on_tick", uint64(id))
+		require.True(t, ok, "on_tick failed")
 	}
 }
