@@ -65,7 +65,7 @@ bench-routing: cmds ## Fleet simulation: every policy and the oracle on scenario
 	$(BIN)/fleetbench -out e2e/results
 	$(BIN)/fleetbench -scenarios a -criticality critical=0.6,standard=0.2,sheddable=0.2 -compare-lora-fifo 0 -out e2e/results/mixed-criticality
 
-bench-flow: cmds ## Flow-control fleet benchmark (about 15 min on 2 shared cores): today's 429 vs the queue; writes e2e/results/flow-control/.
+bench-flow: cmds ## Flow-control fleet benchmark (about 25 min on 2 shared cores): today's 429 vs the queue; writes e2e/results/flow-control/.
 	$(BIN)/flowbench -extra tree-kv1=e2e/results/flow-control/tree-kv1.json -out e2e/results/flow-control
 
 # SCALE_V1 is the last commit whose plugin stores shared data version 1 (one
