@@ -122,10 +122,10 @@ func TestFlowHeldRequestIsReleasedWithItsDestination(t *testing.T) {
 	assert.Empty(t, plain)
 
 	// One room on pod-0 per snapshot: a fresh one until both went.
-	for s.stat("wasm_epp.flow.released") < 2 {
+	require.Eventually(t, func() bool {
 		s.setPods(freePod, busyPod)
-		time.Sleep(2 * time.Millisecond)
-	}
+		return s.stat("wasm_epp.flow.released") >= 2
+	}, 20*time.Second, 2*time.Millisecond, "the two held requests were not released")
 	for _, ch := range []<-chan reply{plain, split} {
 		r := <-ch
 		require.Equal(t, http.StatusOK, r.status, "%s", r.body)
