@@ -57,7 +57,7 @@ type GatewayOptions struct {
 	// WorkDir keeps the gateway's log and rendered bootstrap (default: a
 	// temporary directory, removed at Stop).
 	WorkDir string
-	Logf    func(string, ...any)
+	Logf    func(string, ...any) `json:"-"`
 }
 
 // Gateway is a running envoyhost process with the real .wasm.
