@@ -170,10 +170,10 @@ func endpointsBase(snap *Snapshot) uintptr {
 // Changes to a few endpoints are applied one by one. A new snapshot, a
 // Changed one, or more changes than are worth applying one by one need a
 // rebuild, which costs a few scans of the snapshot (BENCHMARKS.md): it is
-// made on the second decision that finds the snapshot as it is, and the
-// first one scans. Changes that come faster than decisions are therefore
-// scanned as they were without an index, and an index is only paid for
-// when decisions will use it.
+// made on the second decision that finds the same endpoints (after metric
+// churn: the same metrics), and the first one scans. Changes that come
+// faster than decisions are therefore scanned as they were without an
+// index, and an index is only paid for when decisions will use it.
 func (x *snapIndex) sync(snap *Snapshot, c *Cycle) bool {
 	id := snap.identity()
 	var oldest time.Time
@@ -181,10 +181,12 @@ func (x *snapIndex) sync(snap *Snapshot, c *Cycle) bool {
 		oldest = c.Now().Add(-x.staleAfter)
 	}
 	l := &snap.changes
-	rebuild := id != x.id || len(snap.Endpoints) != x.n || endpointsBase(snap) != x.base
+	rebuild := id != x.id || len(snap.Endpoints) != x.n || endpointsBase(snap) != x.base || l.all > x.gen
+	churn := false // more metric changes than are worth applying one by one
 	if !rebuild && l.gen != x.gen {
 		pending := l.gen - x.gen
-		rebuild = l.all > x.gen || pending > uint64(len(l.ring)) || pending > uint64(max(minChangeRing, x.n/4))
+		churn = pending > uint64(len(l.ring)) || pending > uint64(max(minChangeRing, x.n/4))
+		rebuild = churn
 		if !rebuild {
 			for g := x.gen + 1; g <= l.gen; g++ {
 				i := int(l.ring[g%uint64(len(l.ring))])
@@ -194,7 +196,15 @@ func (x *snapIndex) sync(snap *Snapshot, c *Cycle) bool {
 		}
 	}
 	if rebuild {
-		w := waiting{id, l.gen, len(snap.Endpoints), endpointsBase(snap)}
+		// A new or Changed snapshot waits for a second look at the same
+		// endpoints: metric changes reported in between are applied one by
+		// one after the build, so an owner that reports one per decision
+		// (flow control's room count) still gets an index. Metric churn
+		// waits for a second look at the same metrics.
+		w := waiting{id, l.all, churn, len(snap.Endpoints), endpointsBase(snap)}
+		if churn {
+			w.gen = l.gen
+		}
 		if w != x.wait && !x.eager {
 			x.wait = w
 			return false
@@ -210,6 +220,7 @@ func (x *snapIndex) sync(snap *Snapshot, c *Cycle) bool {
 // waiting names the snapshot state a rebuild waits to see twice.
 type waiting struct {
 	id, gen uint64
+	churn   bool
 	n       int
 	base    uintptr
 }

@@ -269,6 +269,49 @@ func TestIndexRebuildWaitsForASecondDecision(t *testing.T) {
 	require.Equal(t, 3, x.decisions)
 }
 
+// TestIndexBuildsUnderMetricsChurn: an owner that reports one endpoint's
+// metrics between every two decisions (flow control's room count does)
+// still gets an index: the rebuild after a new or Changed snapshot waits
+// for a second look at the same endpoints, not at the same metrics, since
+// metric changes after the build are applied one by one.
+func TestIndexBuildsUnderMetricsChurn(t *testing.T) {
+	o := seeded(1)
+	o.IndexMinEndpoints = 1
+	s := newScheduler(t, `{"profile": "decision-tree"}`, o)
+	snap := randomSnapshot(newRand(5), 300)
+	req := &Request{Model: adapterName(1), Criticality: Critical}
+	x := s.index
+	for i := 0; i < 4; i++ {
+		s.Schedule(req, snap)
+		snap.Endpoints[i].Metrics.WaitingQueueSize++
+		snap.MetricsChanged(i)
+	}
+	require.Equal(t, 1, x.rebuilds, "built on the second look despite the churn")
+	require.Equal(t, 3, x.decisions, "every decision after the build uses it")
+
+	snap.Changed()
+	for i := 0; i < 3; i++ {
+		s.Schedule(req, snap)
+		snap.Endpoints[i].Metrics.WaitingQueueSize++
+		snap.MetricsChanged(i)
+	}
+	require.Equal(t, 2, x.rebuilds, "a Changed snapshot is rebuilt on its second look")
+	require.Equal(t, 5, x.decisions)
+
+	// More metric changes between two decisions than are worth applying
+	// one by one still wait for a quiet second look.
+	for round := 0; round < 2; round++ {
+		for i := range snap.Endpoints {
+			snap.Endpoints[i].Metrics.WaitingQueueSize++
+			snap.MetricsChanged(i)
+		}
+		s.Schedule(req, snap)
+	}
+	require.Equal(t, 2, x.rebuilds, "changes faster than decisions: scanned")
+	s.Schedule(req, snap)
+	require.Equal(t, 3, x.rebuilds)
+}
+
 // TestIndexedDecisionsAllocateNothing: once the index and its orders are
 // built, decisions, Observe and in-place changes allocate nothing.
 func TestIndexedDecisionsAllocateNothing(t *testing.T) {
