@@ -16,7 +16,7 @@ import (
 //
 // kind 1 is an agent's own push: exactly one block, whose agent id is the
 // sender. kind 2 is a relay: what an aggregator sends, the latest block of
-// many agents. A block's endpoint times are scrape ages at send_time on the
+// one or more agents (an aggregator with nothing new sends nothing). A block's endpoint times are scrape ages at send_time on the
 // sender's clock, and the block's held time says how long ago (a relay adds
 // the time it kept each block to both).
 
@@ -149,6 +149,9 @@ func (d *PushDecoder) decodeV2(push []byte, lim *Limits, deep bool) (*PushView, 
 	}
 	if v.Kind == KindAgent && nb != 1 {
 		return nil, errf(ErrInvalidField, "push.n_blocks", off-2, "an agent's push carries exactly one block, not "+strconv.Itoa(nb))
+	}
+	if nb == 0 {
+		return nil, errf(ErrInvalidField, "push.n_blocks", off-2, "a relay carries at least one agent block")
 	}
 	d.blocks = d.blocks[:0]
 	for i := 0; i < nb; i++ {

@@ -82,6 +82,7 @@ func TestDecodePushV2Rejects(t *testing.T) {
 		{"agent push with two blocks", put16(5+len("node-a")+8, 2), Limits{}, ErrLimit, "n_blocks"},
 		{"agent push of another agent", mut(func(b []byte) { b[5] = 'N' }), Limits{}, ErrInvalidField, "carries agent"},
 		{"relay with an agent twice", relay, Limits{}, ErrInvalidField, "agents not sorted and unique"},
+		{"relay with no block", AppendPushV2Header(nil, KindRelay, "agg", at(0), 0), Limits{}, ErrInvalidField, "at least one agent block"},
 		{"trailing byte", append(append([]byte(nil), valid...), 0), Limits{}, ErrTrailing, "1 bytes after"},
 		{"truncated block", valid[:len(valid)-1], Limits{}, ErrTruncated, "block_len"},
 		{"over the size limit", valid, Limits{MaxPushBytes: 64}, ErrLimit, "limit 64"},
