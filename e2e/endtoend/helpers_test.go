@@ -172,7 +172,12 @@ func complete(t *testing.T, s *stack.Stack, model string, maxTokens int) reply {
 // or closes the body. Closing it aborts the request in the replica.
 func openStream(t *testing.T, s *stack.Stack, model string, maxTokens int) *http.Response {
 	t.Helper()
-	body := completion(model, maxTokens)
+	return openStreamOf(t, s, completion(model, maxTokens))
+}
+
+// openStreamOf is openStream for a completion body of the caller's.
+func openStreamOf(t *testing.T, s *stack.Stack, body map[string]any) *http.Response {
+	t.Helper()
 	body["stream"] = true
 	b, err := json.Marshal(body)
 	require.NoError(t, err)
