@@ -9,7 +9,7 @@ import (
 // (strictly: the filter's scanner runs before anything reads fields). It
 // never recurses, so nesting depth costs nothing, and on bytes that are not
 // valid JSON it returns errTruncated or ErrMessageShape/ErrPromptShape
-// rather than panic (fuzzed: FuzzHashRequest).
+// rather than panic (fuzzed: FuzzHash).
 
 func skipSpace(doc []byte, i int) int {
 	for i < len(doc) {
