@@ -277,17 +277,6 @@ func decodeRecord(b []byte, into []admitted) (uint64, []admitted, bool) {
 	return tag, into, true
 }
 
-// TagFor turns a snapshot version (the bytes every VM reads from shared
-// data to tell snapshots apart) into an Admission tag: FNV-1a, 64 bits.
-func TagFor(version []byte) uint64 {
-	h := uint64(14695981039346656037)
-	for _, c := range version {
-		h ^= uint64(c)
-		h *= 1099511628211
-	}
-	return h
-}
-
 // MemStore is a Store in process memory with Proxy-Wasm shared data's
 // rules (one CAS counter for the whole table, starting at 1; cas 0 always
 // writes; no delete), for simulations that run several VMs in one

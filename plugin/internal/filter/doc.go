@@ -92,15 +92,18 @@
 //
 // # Snapshot
 //
-// Every request reads the small snapshot-version key; only when its value
-// differs from the cached one is the snapshot key read and decoded
-// (wire.DecodeSnapshot). A snapshot that fails to decode keeps the previous
-// one (its endpoints then age out through staleness). No snapshot at all
-// means no endpoint: 503.
+// Every request reads one small key, the v2 directory (Router.snapshot,
+// wire.Cache.Refresh); only the segments whose generation moved are read
+// again, and their endpoints are rewritten in place in this VM's snapshot
+// (the scheduler's index is told what moved). A segment that fails to
+// read keeps what this VM had of it (its endpoints then age out through
+// staleness). No snapshot at all means no endpoint: 503. The directory
+// also carries the Kubernetes model table's generation, so the same read
+// tells whether that table changed.
 //
-// Each VM decodes its own copy, so with the scheduler's
+// Each VM keeps its own copy, so with the scheduler's
 // countRoutedSinceSnapshot on it counts every request it routes as waiting
-// at the chosen endpoint until the next decode (Scheduler.Observe): a burst
+// at the chosen endpoint until the next refresh (Scheduler.Observe): a burst
 // between two snapshots spreads instead of herding onto one endpoint. Each
 // Envoy worker counts only its own requests.
 //
