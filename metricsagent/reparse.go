@@ -188,6 +188,11 @@ func rebuildSlots(t *template) bool {
 		if f == nil || blank < 0 {
 			return false
 		}
+		if bytes.IndexByte(text[start+blank+1:end], '"') >= 0 {
+			// The last blank is inside a label value (`{e=" "}5`, with no
+			// blank before the value): the token is not the value.
+			return false
+		}
 		k := seen[f.GetName()]
 		if k >= len(f.GetMetric()) {
 			return false
