@@ -7,25 +7,17 @@ import (
 	"sync"
 
 	"github.com/wasm-epp/wasm-epp/scheduler"
+	"github.com/wasm-epp/wasm-epp/scheduler/kv"
 )
 
-// Store is a table shared by every VM of one proxy, with the semantics of
-// Proxy-Wasm shared data: Get returns a value and its CAS token (ErrNotFound
-// for an unknown key); Set with a non-zero cas fails with ErrCASMismatch
-// when the key was written since that token was read; cas 0 always writes.
-// The plugin implements it over proxy_get/set_shared_data; MemStore is an
-// in-process one for simulations and tests.
-type Store interface {
-	// GetInto appends the value of key to buf[:0] and returns it with its
-	// CAS token.
-	GetInto(buf []byte, key string) ([]byte, uint32, error)
-	Set(key string, value []byte, cas uint32) error
-}
+// Store is the proxy's shared data (kv.Store); MemStore is an in-process
+// one for simulations and tests.
+type Store = kv.Store
 
-// Errors a Store returns.
+// Errors a Store returns (kv's).
 var (
-	ErrNotFound    = errors.New("flowcontrol: shared key not found")
-	ErrCASMismatch = errors.New("flowcontrol: shared key changed since it was read")
+	ErrNotFound    = kv.ErrNotFound
+	ErrCASMismatch = kv.ErrCASMismatch
 )
 
 // ErrConflict is Admission.Admit's answer when another VM admitted a
@@ -103,7 +95,7 @@ func (a *Admission) Stats() AdmissionStats { return a.stats }
 // without cross-VM agreement.
 func (a *Admission) Sync(snap *scheduler.Snapshot, tag uint64) error {
 	a.use(snap, tag)
-	v, cas, err := a.store.GetInto(a.readBuf[:0], a.key)
+	v, cas, err := a.store.Get(a.key, a.readBuf[:0])
 	if cap(v) > cap(a.readBuf) {
 		a.readBuf = v[:0]
 	}
@@ -114,7 +106,7 @@ func (a *Admission) Sync(snap *scheduler.Snapshot, tag uint64) error {
 			a.stats.StoreErrors++
 			return fmt.Errorf("flowcontrol: creating %q: %w", a.key, err)
 		}
-		if v, cas, err = a.store.GetInto(a.readBuf[:0], a.key); err != nil {
+		if v, cas, err = a.store.Get(a.key, a.readBuf[:0]); err != nil {
 			a.stats.StoreErrors++
 			return fmt.Errorf("flowcontrol: reading %q: %w", a.key, err)
 		}
@@ -158,7 +150,7 @@ func (a *Admission) create() error {
 	if err := a.store.Set(probe, nil, 0); err != nil {
 		return err
 	}
-	_, token, err := a.store.GetInto(a.readBuf[:0], probe)
+	_, token, err := a.store.Get(probe, a.readBuf[:0])
 	if err != nil {
 		return err
 	}
@@ -292,8 +284,8 @@ type memValue struct {
 	cas  uint32
 }
 
-// GetInto implements Store.
-func (s *MemStore) GetInto(buf []byte, key string) ([]byte, uint32, error) {
+// Get implements Store.
+func (s *MemStore) Get(key string, buf []byte) ([]byte, uint32, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	v, ok := s.m[key]

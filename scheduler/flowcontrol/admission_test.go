@@ -159,7 +159,7 @@ func TestAdmissionCorruptRecordIsReplaced(t *testing.T) {
 			if err := a.Admit(s, 7, 1); err != nil {
 				t.Fatal(err)
 			}
-			v, _, _ := store.GetInto(nil, admittedKey)
+			v, _, _ := store.Get(admittedKey, nil)
 			tag, rec, ok := decodeRecord(v, nil)
 			if !ok || tag != 7 || fmt.Sprint(rec) != "[{1 1}]" {
 				t.Fatalf("record after admit: %v %d %v", ok, tag, rec)
@@ -173,11 +173,11 @@ type failingStore struct {
 	getErr, setErr error
 }
 
-func (f *failingStore) GetInto(buf []byte, key string) ([]byte, uint32, error) {
+func (f *failingStore) Get(key string, buf []byte) ([]byte, uint32, error) {
 	if f.getErr != nil {
 		return buf[:0], 0, f.getErr
 	}
-	return f.Store.GetInto(buf, key)
+	return f.Store.Get(key, buf)
 }
 
 func (f *failingStore) Set(key string, v []byte, cas uint32) error {
@@ -225,7 +225,7 @@ func TestPlaceWithFailingStore(t *testing.T) {
 type racingStore struct{ MemStore }
 
 func (r *racingStore) Set(key string, v []byte, cas uint32) error {
-	if _, _, err := r.MemStore.GetInto(nil, key); cas != 0 && err == nil {
+	if _, _, err := r.MemStore.Get(key, nil); cas != 0 && err == nil {
 		return ErrCASMismatch
 	}
 	return r.MemStore.Set(key, v, cas)

@@ -16,8 +16,8 @@ type interleavingStore struct {
 	between func()
 }
 
-func (s *interleavingStore) GetInto(buf []byte, key string) ([]byte, uint32, error) {
-	v, cas, err := s.MemStore.GetInto(buf, key)
+func (s *interleavingStore) Get(key string, buf []byte) ([]byte, uint32, error) {
+	v, cas, err := s.MemStore.Get(key, buf)
 	if key == s.key && errors.Is(err, ErrNotFound) && s.between != nil {
 		f := s.between
 		s.between = nil

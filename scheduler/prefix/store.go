@@ -1,26 +1,18 @@
 package prefix
 
 import (
-	"errors"
 	"sync"
+
+	"github.com/wasm-epp/wasm-epp/scheduler/kv"
 )
 
-// Store is a key/value store with compare-and-swap and no delete: the
-// semantics of Envoy's shared data (one table per vm_id, shared by every
-// worker VM of one Envoy), which the plugin adapts to this interface.
-type Store interface {
-	// Get returns a copy of the value (appended to dst[:0], which may be
-	// reused) and its CAS; an unknown key is ErrNotFound.
-	Get(key string, dst []byte) (value []byte, cas uint32, err error)
-	// Set writes value. A non-zero cas must match the key's current one
-	// (ErrCASMismatch otherwise); cas 0 or a new key always succeeds.
-	Set(key string, value []byte, cas uint32) error
-}
+// Store is Envoy's shared data (kv.Store).
+type Store = kv.Store
 
-// Store errors.
+// Store errors (kv's).
 var (
-	ErrNotFound    = errors.New("prefix: key not found")
-	ErrCASMismatch = errors.New("prefix: CAS mismatch")
+	ErrNotFound    = kv.ErrNotFound
+	ErrCASMismatch = kv.ErrCASMismatch
 )
 
 // MemStore is a Store in memory with Envoy's CAS rules (one counter for

@@ -6,21 +6,17 @@ import (
 	"errors"
 	"strconv"
 	"time"
+
+	"github.com/wasm-epp/wasm-epp/scheduler/kv"
 )
 
-// Store is what Envoy's shared data offers (the receiver adapts the
-// Proxy-Wasm calls to it; tests use MemStore). Get returns ErrNotFound for
-// an unknown key and may read into buf's storage; Set with a non-zero cas
-// fails with ErrCASMismatch when the key changed since that cas was read.
-type Store interface {
-	Get(key string, buf []byte) (value []byte, cas uint32, err error)
-	Set(key string, value []byte, cas uint32) error
-}
+// Store is Envoy's shared data (kv.Store; tests use MemStore).
+type Store = kv.Store
 
-// Store outcomes.
+// Store outcomes (kv's).
 var (
-	ErrNotFound    = errors.New("shared data: key not found")
-	ErrCASMismatch = errors.New("shared data: cas mismatch")
+	ErrNotFound    = kv.ErrNotFound
+	ErrCASMismatch = kv.ErrCASMismatch
 	// ErrContention: other writers kept changing a key during every
 	// attempt (the receiver answers 503; the pusher retries next cycle).
 	ErrContention = errors.New("shared data kept changing")

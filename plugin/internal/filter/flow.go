@@ -1,13 +1,13 @@
 package filter
 
 import (
-	"errors"
 	"fmt"
 	"time"
 
 	"github.com/tetratelabs/proxy-wasm-go-sdk/proxywasm/types"
 
 	"github.com/wasm-epp/wasm-epp/plugin/internal/proxywasm"
+	"github.com/wasm-epp/wasm-epp/plugin/internal/shareddata"
 	"github.com/wasm-epp/wasm-epp/scheduler"
 	"github.com/wasm-epp/wasm-epp/scheduler/flowcontrol"
 )
@@ -109,7 +109,7 @@ func newFlowGate(r *Router, cfg flowcontrol.Config) (*flowGate, error) {
 	g.flowHeader = cfg.FlowHeader
 	g.releaser = flowcontrol.Releaser[*httpContext]{
 		Queue:     q,
-		Admission: flowcontrol.NewAdmission(sharedData{}, r.cfg.AdmissionKey()),
+		Admission: flowcontrol.NewAdmission(shareddata.Store{}, r.cfg.AdmissionKey()),
 		Room:      cfg.Admit,
 		Schedule:  g.schedule,
 		Done:      g.released,
@@ -132,25 +132,6 @@ func newFlowGate(r *Router, cfg flowcontrol.Config) (*flowGate, error) {
 	m.corrupt = proxywasm.DefineCounterMetric("wasm_epp.flow.admission_corrupt")
 	m.waitMs = proxywasm.DefineHistogramMetric("wasm_epp.flow.wait_ms")
 	return g, nil
-}
-
-// sharedData is flowcontrol.Store over the proxy's shared data.
-type sharedData struct{}
-
-func (sharedData) GetInto(buf []byte, key string) ([]byte, uint32, error) {
-	v, cas, err := proxywasm.GetSharedDataInto(buf, key)
-	if errors.Is(err, types.ErrorStatusNotFound) {
-		return v, 0, flowcontrol.ErrNotFound
-	}
-	return v, cas, err
-}
-
-func (sharedData) Set(key string, value []byte, cas uint32) error {
-	err := proxywasm.SetSharedData(key, value, cas)
-	if errors.Is(err, types.ErrorStatusCasMismatch) {
-		return flowcontrol.ErrCASMismatch
-	}
-	return err
 }
 
 // held is what a held request needs at release: what its first decision

@@ -8,37 +8,13 @@
 package prefixroute
 
 import (
-	"errors"
 	"time"
 
-	"github.com/tetratelabs/proxy-wasm-go-sdk/proxywasm/types"
-
 	"github.com/wasm-epp/wasm-epp/plugin/internal/proxywasm"
+	"github.com/wasm-epp/wasm-epp/plugin/internal/shareddata"
 	"github.com/wasm-epp/wasm-epp/scheduler"
 	"github.com/wasm-epp/wasm-epp/scheduler/prefix"
 )
-
-// SharedData is prefix.Store over Envoy shared data.
-type SharedData struct{}
-
-func (SharedData) Get(key string, dst []byte) ([]byte, uint32, error) {
-	v, cas, err := proxywasm.GetSharedDataInto(dst, key)
-	switch {
-	case errors.Is(err, types.ErrorStatusNotFound):
-		return v, 0, prefix.ErrNotFound
-	case err != nil:
-		return v, 0, err
-	}
-	return v, cas, nil
-}
-
-func (SharedData) Set(key string, value []byte, cas uint32) error {
-	err := proxywasm.SetSharedData(key, value, cas)
-	if errors.Is(err, types.ErrorStatusCasMismatch) {
-		return prefix.ErrCASMismatch
-	}
-	return err
-}
 
 // maxKeptBlocks bounds the hashes a request keeps for its response check
 // (the predicted part of the prompt; 4096 blocks = 256 KiB of prompt).
@@ -86,7 +62,7 @@ func New(cfg scheduler.PrefixConfig, keyPrefix string) (*Tracker, error) {
 	icfg.KeyPrefix = keyPrefix
 	var store prefix.Store
 	if cfg.Shared {
-		store = SharedData{}
+		store = shareddata.Store{}
 	}
 	idx, err := prefix.NewIndex(icfg, store)
 	if err != nil {

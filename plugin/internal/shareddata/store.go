@@ -1,7 +1,8 @@
 // Package shareddata adapts Envoy's shared data, through the plugin's
-// Proxy-Wasm binding, to the store the wire format's writer and cache use
-// (scheduler/wire.Store), so the receiver and the router share one
-// translation of host statuses.
+// Proxy-Wasm binding, to scheduler/kv.Store, which the wire format's
+// writer and cache, the prefix index and flow control's admission record
+// all use: one translation of host statuses for the receiver and the
+// router.
 package shareddata
 
 import (
@@ -10,13 +11,13 @@ import (
 	"github.com/tetratelabs/proxy-wasm-go-sdk/proxywasm/types"
 
 	"github.com/wasm-epp/wasm-epp/plugin/internal/proxywasm"
-	"github.com/wasm-epp/wasm-epp/scheduler/wire"
+	"github.com/wasm-epp/wasm-epp/scheduler/kv"
 )
 
 // Store is this VM's view of shared data (the vm_id's table).
 type Store struct{}
 
-var _ wire.Store = Store{}
+var _ kv.Store = Store{}
 
 // Get reads key into buf's storage when it fits (no allocation then).
 func (Store) Get(key string, buf []byte) ([]byte, uint32, error) {
@@ -25,16 +26,16 @@ func (Store) Get(key string, buf []byte) ([]byte, uint32, error) {
 	case err == nil:
 		return v, cas, nil
 	case errors.Is(err, types.ErrorStatusNotFound):
-		return nil, 0, wire.ErrNotFound
+		return nil, 0, kv.ErrNotFound
 	}
 	return nil, 0, err
 }
 
-// Set writes key; a stale cas gives wire.ErrCASMismatch.
+// Set writes key; a stale cas gives kv.ErrCASMismatch.
 func (Store) Set(key string, value []byte, cas uint32) error {
 	err := proxywasm.SetSharedData(key, value, cas)
 	if errors.Is(err, types.ErrorStatusCasMismatch) {
-		return wire.ErrCASMismatch
+		return kv.ErrCASMismatch
 	}
 	return err
 }
