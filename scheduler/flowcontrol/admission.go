@@ -4,7 +4,6 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"sync"
 
 	"github.com/wasm-epp/wasm-epp/scheduler"
 	"github.com/wasm-epp/wasm-epp/scheduler/kv"
@@ -269,54 +268,9 @@ func decodeRecord(b []byte, into []admitted) (uint64, []admitted, bool) {
 	return tag, into, true
 }
 
-// MemStore is a Store in process memory with Proxy-Wasm shared data's
-// rules (one CAS counter for the whole table, starting at 1; cas 0 always
-// writes; no delete), for simulations that run several VMs in one
-// process. It is safe for concurrent use.
-type MemStore struct {
-	mu      sync.Mutex
-	nextCAS uint32
-	m       map[string]*memValue
-}
-
-type memValue struct {
-	data []byte
-	cas  uint32
-}
-
-// Get implements Store.
-func (s *MemStore) Get(key string, buf []byte) ([]byte, uint32, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	v, ok := s.m[key]
-	if !ok {
-		return buf[:0], 0, ErrNotFound
-	}
-	return append(buf[:0], v.data...), v.cas, nil
-}
-
-// Set implements Store.
-func (s *MemStore) Set(key string, value []byte, cas uint32) error {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.m == nil {
-		s.m = make(map[string]*memValue)
-	}
-	v, ok := s.m[key]
-	if ok && cas != 0 && cas != v.cas {
-		return ErrCASMismatch
-	}
-	if !ok {
-		v = &memValue{}
-		s.m[key] = v
-	}
-	s.nextCAS++
-	if s.nextCAS == 0 {
-		s.nextCAS = 1
-	}
-	v.data, v.cas = append(v.data[:0], value...), s.nextCAS
-	return nil
-}
+// MemStore is kv.MemStore, for simulations that run several VMs in one
+// process, and for tests.
+type MemStore = kv.MemStore
 
 // maxPlaceAttempts bounds Place's retries. Each retry means another VM
 // admitted a request between this VM's read and write; a handful of

@@ -186,7 +186,8 @@ func TestRelayFromTwoAggregatorsWritesOnce(t *testing.T) {
 	s, err := w.Apply(st, relay(t, "agg-0", at(0), a, b), at(0))
 	require.NoError(t, err)
 	assert.Equal(t, 2, s.Accepted)
-	_, _, dirCas := st.vals[testKeys.Dir].b, 0, st.vals[testKeys.Dir].cas
+	_, dirCas, err := st.Get(testKeys.Dir, nil)
+	require.NoError(t, err)
 
 	// The second aggregator relays the same sequence numbers: nothing is
 	// written, so routers have nothing to re-read.
@@ -195,7 +196,9 @@ func TestRelayFromTwoAggregatorsWritesOnce(t *testing.T) {
 	assert.Equal(t, 0, s.Accepted)
 	assert.Equal(t, 2, s.Stale)
 	assert.Equal(t, 0, s.Segments)
-	assert.Equal(t, dirCas, st.vals[testKeys.Dir].cas, "directory untouched")
+	_, cas, err := st.Get(testKeys.Dir, nil)
+	require.NoError(t, err)
+	assert.Equal(t, dirCas, cas, "directory untouched")
 }
 
 func TestAgentThatDisappearsLeavesNothingBehindAfterExpiry(t *testing.T) {
