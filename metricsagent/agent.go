@@ -31,6 +31,10 @@ type Agent struct {
 	log          *slog.Logger
 	metrics      *Metrics
 	limits       wire.Limits
+	// gate decides which cycles push (nil: every cycle); lastTargets are
+	// the targets of the last push (new targets get the state at once).
+	gate        *wire.SendGate
+	lastTargets []string
 
 	seq      uint64
 	pods     map[TargetKey]*podState
@@ -86,6 +90,9 @@ type Options struct {
 	Log         *slog.Logger
 	Metrics     *Metrics
 	Limits      wire.Limits
+	// Send says which cycles push (wire.SendThresholds, validated by the
+	// caller); the zero value pushes every cycle.
+	Send wire.SendThresholds
 }
 
 // NewAgent builds an agent.
@@ -96,7 +103,12 @@ func NewAgent(o Options) *Agent {
 	if o.WireVersion == 0 {
 		o.WireVersion = 2
 	}
+	var gate *wire.SendGate
+	if o.Send.Heartbeat > 0 {
+		gate = wire.NewSendGate(o.AgentID, o.Send)
+	}
 	return &Agent{
+		gate:         gate,
 		configEnvoys: o.ConfigEnvoys, wireVersion: o.WireVersion,
 		id: o.AgentID, interval: o.Interval, disc: o.Discoverer, scraper: o.Scraper,
 		envoys: o.Envoys, pusher: o.Pusher, config: o.Config, before: o.BeforeCycle, now: o.Now, log: o.Log, metrics: o.Metrics, limits: o.Limits,
@@ -235,24 +247,45 @@ func (a *Agent) Cycle(ctx context.Context) []byte {
 	}
 
 	eps, unhealthy := a.endpoints()
-	a.seq++
-	p := &wire.Push{AgentID: a.id, Seq: a.seq, SendTime: a.now(), Endpoints: eps}
-	var payload []byte
-	var err error
-	if a.wireVersion == 1 {
-		payload, err = wire.EncodePush(p, a.limits)
-	} else {
-		// A new slice each cycle: the pushers still hold the previous one.
-		payload, err = a.enc.AppendAgentPush(nil, p, a.limits)
-	}
-	if err != nil {
-		// Only possible if more pods than the wire limit were discovered:
-		// nothing is pushed, the receiver lets this node's endpoints age.
-		a.log.Error("cannot encode push", "err", err, "endpoints", len(eps))
-		return nil
-	}
+	now := a.now()
 	envoys := a.envoys.Targets(ctx)
-	a.pusher.Publish(envoys, payload)
+	reason := wire.Always
+	if a.gate != nil {
+		if !slices.Equal(envoys, a.lastTargets) {
+			a.gate.Force() // a new target (or the fallback to the Envoys) gets the state now
+		}
+		reason = a.gate.Due(eps, now)
+	}
+	var payload []byte
+	if reason == wire.NotDue {
+		// Every value within its threshold of the copy last sent, which
+		// is younger than the heartbeat: nothing to push. Targets that
+		// missed the last copy get it again.
+		a.pusher.RetryFailing()
+	} else {
+		a.seq++
+		p := &wire.Push{AgentID: a.id, Seq: a.seq, SendTime: now, Endpoints: eps}
+		var err error
+		if a.wireVersion == 1 {
+			payload, err = wire.EncodePush(p, a.limits)
+		} else {
+			// A new slice each cycle: the pushers still hold the previous one.
+			payload, err = a.enc.AppendAgentPush(nil, p, a.limits)
+		}
+		if err != nil {
+			// Only possible if more pods than the wire limit were discovered:
+			// nothing is pushed, the receiver lets this node's endpoints age.
+			a.log.Error("cannot encode push", "err", err, "endpoints", len(eps))
+			return nil
+		}
+		a.pusher.Publish(envoys, payload)
+		if a.gate != nil {
+			a.gate.Sent(eps, now)
+			a.lastTargets = append(a.lastTargets[:0], envoys...)
+		}
+		a.metrics.PushBytes.Set(float64(len(payload)))
+	}
+	a.metrics.Cycles.WithLabelValues(reason.String()).Inc()
 	if a.config != nil {
 		cfgEnvoys := envoys
 		if a.configEnvoys != nil {
@@ -263,7 +296,6 @@ func (a *Agent) Cycle(ctx context.Context) []byte {
 
 	a.metrics.EndpointsReported.Set(float64(len(eps)))
 	a.metrics.EndpointsUnhealthy.Set(float64(unhealthy))
-	a.metrics.PushBytes.Set(float64(len(payload)))
 	a.metrics.EnvoyTargets.Set(float64(len(envoys)))
 	a.metrics.CycleDuration.Observe(time.Since(start).Seconds())
 	a.cycles.Add(1)

@@ -236,10 +236,18 @@ func TestFailoverTargets(t *testing.T) {
 	f.Observe("agg-b:1", nil)
 	now = now.Add(400 * time.Millisecond)
 	assert.Equal(t, []string{"agg-a:1", "agg-b:1"}, f.Targets(ctx), "one aggregator answered 400 ms ago")
+	// Idle: an agent whose values stay within its send thresholds pushes
+	// only on its heartbeat; silence after an accepted push is not failure.
+	now = now.Add(2 * time.Second)
+	assert.Equal(t, []string{"agg-a:1", "agg-b:1"}, f.Targets(ctx), "the last push was accepted 2 s ago and none failed since")
 	f.Observe("agg-a:1", fmt.Errorf("connect refused"))
+	f.Observe("agg-b:1", fmt.Errorf("connect refused"))
 	f.Observe("envoy-1:2", nil) // an Envoy answering says nothing about aggregators
+	now = now.Add(400 * time.Millisecond)
+	assert.Len(t, f.Targets(ctx), 2, "failing for 400 ms: not yet")
+	f.Observe("agg-a:1", fmt.Errorf("connect refused"))
 	now = now.Add(200 * time.Millisecond)
-	assert.Equal(t, []string{"agg-a:1", "agg-b:1", "envoy-1:2", "envoy-2:2"}, f.Targets(ctx), "none for 600 ms: direct")
+	assert.Equal(t, []string{"agg-a:1", "agg-b:1", "envoy-1:2", "envoy-2:2"}, f.Targets(ctx), "failing, none accepted, for 600 ms: direct")
 	assert.True(t, f.IsDirect())
 	now = now.Add(300 * time.Millisecond)
 	f.Observe("agg-a:1", nil)
@@ -248,4 +256,11 @@ func TestFailoverTargets(t *testing.T) {
 	f.Observe("agg-a:1", nil)
 	assert.Equal(t, []string{"agg-a:1", "agg-b:1"}, f.Targets(ctx))
 	assert.Equal(t, []bool{true, false}, modes)
+
+	// At start, until some aggregator accepts a push: FallbackAfter of grace.
+	g := &FailoverTargets{Aggregators: StaticEnvoys{"agg-a:1"}, Envoys: StaticEnvoys{"envoy-1:2"},
+		FallbackAfter: 500 * time.Millisecond, RecoverAfter: time.Second, Now: func() time.Time { return now }, Log: slog.New(slog.DiscardHandler)}
+	assert.Len(t, g.Targets(ctx), 1)
+	now = now.Add(600 * time.Millisecond)
+	assert.Len(t, g.Targets(ctx), 2, "no aggregator ever answered: direct after the grace period")
 }

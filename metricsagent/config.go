@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"strconv"
 	"strings"
 	"time"
 
@@ -51,6 +52,11 @@ type Config struct {
 	// them are rejected one by one instead of the whole record.
 	MaxTableBytes      int
 	MaxModelNameLength int
+
+	// Send says which cycles push: when a value moved beyond its
+	// threshold, the endpoints or their adapters changed, or the heartbeat
+	// is due (wire.SendThresholds; Heartbeat 0: every cycle).
+	Send wire.SendThresholds
 
 	// Scraping.
 	Interval      time.Duration
@@ -106,6 +112,11 @@ func EnvName(flagName string) string {
 func newFlagSet(cfg *Config, kvNames *string, logLevel *string) *flag.FlagSet {
 	fs := flag.NewFlagSet("metricsagent", flag.ContinueOnError)
 	d := DefaultMetricNames()
+	st := wire.DefaultSendThresholds()
+	fs.DurationVar(&cfg.Send.Heartbeat, "heartbeat", st.Heartbeat, "push the node's state at least this often even when nothing moved beyond the --send-* thresholds; keep it well under the plugin's staleAfter (default 2s): an endpoint's metrics are as old as the last push. 0, or less than --interval: push every cycle")
+	fs.Func("send-waiting-delta", "push when an endpoint's waiting queue moved by at least this many requests since the last push (default "+strconv.Itoa(int(st.Waiting))+")", uintFlag(&cfg.Send.Waiting, st.Waiting))
+	fs.Func("send-running-delta", "push when an endpoint's running count moved by at least this many requests since the last push (default "+strconv.Itoa(int(st.Running))+")", uintFlag(&cfg.Send.Running, st.Running))
+	fs.Float64Var(&cfg.Send.KVCacheUsage, "send-kv-delta", st.KVCacheUsage, "push when an endpoint's KV-cache use (0..1) moved by at least this much since the last push; 0: any change")
 	fs.StringVar(&cfg.Mode, "mode", ModeAgent, "agent: scrape this node's pods and push; aggregator: take the agents' pushes and relay them to every Envoy, one push per interval")
 	fs.StringVar(&cfg.AgentID, "agent-id", "", "id sent with every push; default: the node name, else the host name")
 	fs.StringVar(&cfg.Targets, "targets", "", "static pods to scrape, host:port,... (local runs); empty: discover pods on Kubernetes")
@@ -151,6 +162,19 @@ func newFlagSet(cfg *Config, kvNames *string, logLevel *string) *flag.FlagSet {
 	// Name each flag's environment variable in -h.
 	fs.VisitAll(func(f *flag.Flag) { f.Usage += " [$" + EnvName(f.Name) + "]" })
 	return fs
+}
+
+// uintFlag sets *dst to def and parses a decimal 32-bit count into it.
+func uintFlag(dst *uint32, def uint32) func(string) error {
+	*dst = def
+	return func(v string) error {
+		n, err := strconv.ParseUint(v, 10, 32)
+		if err != nil {
+			return errors.New("want a whole number")
+		}
+		*dst = uint32(n)
+		return nil
+	}
 }
 
 // ParseConfig reads flags from args and their environment equivalents
@@ -257,6 +281,9 @@ func (c *Config) validate() error {
 	}
 	if (c.Aggregators != "" || c.AggregatorDNS != "") && (c.WireVersion != 2 || c.FallbackAfter <= 0) {
 		bad("pushing to aggregators needs --wire-version 2 and a positive --fallback-after")
+	}
+	if err := c.Send.Validate(); err != nil {
+		bad("--heartbeat, --send-*: %v", err)
 	}
 	if c.ScrapeTimeout <= 0 || c.ScrapeTimeout >= c.Interval {
 		bad("--scrape-timeout %v must be positive and shorter than --interval %v", c.ScrapeTimeout, c.Interval)

@@ -107,7 +107,7 @@ func run(ctx context.Context, cfg Config, log *slog.Logger) error {
 		AgentID: cfg.AgentID, Interval: cfg.Interval, Discoverer: disc,
 		Scraper: &Scraper{Timeout: cfg.ScrapeTimeout, MaxBodyBytes: cfg.MaxBodyBytes, Names: cfg.Names, AskForNames: cfg.AskForNames},
 		Envoys:  envoys, Pusher: pusher, Config: publisher, BeforeCycle: beforeCycle, Log: log, Metrics: metrics,
-		WireVersion: cfg.WireVersion,
+		WireVersion: cfg.WireVersion, Send: cfg.Send,
 	}
 	if cfg.Aggregators != "" || cfg.AggregatorDNS != "" {
 		aggs, err := newTargets(cfg.Aggregators, cfg.AggregatorDNS, "aggregator", cfg, log, metrics)

@@ -17,6 +17,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/wasm-epp/wasm-epp/scheduler/wire"
 )
 
 func env(m map[string]string) func(string) string { return func(k string) string { return m[k] } }
@@ -37,6 +39,12 @@ func TestParseConfigDefaults(t *testing.T) {
 	assert.Equal(t, "8000", cfg.MetricsPort)
 	assert.True(t, cfg.AskForNames)
 	assert.Equal(t, 1, cfg.MaxProcs)
+	assert.Equal(t, wire.DefaultSendThresholds(), cfg.Send)
+
+	cfg, err = ParseConfig([]string{"--targets", "127.0.0.1:8000", "--envoy-targets", "127.0.0.1:10001",
+		"--heartbeat", "1s", "--send-waiting-delta", "2", "--send-running-delta", "4", "--send-kv-delta", "0.05"}, env(minimal), io.Discard)
+	require.NoError(t, err)
+	assert.Equal(t, wire.SendThresholds{Heartbeat: time.Second, Waiting: 2, Running: 4, KVCacheUsage: 0.05}, cfg.Send)
 }
 
 func TestParseConfigEnvironment(t *testing.T) {
@@ -99,6 +107,13 @@ func TestParseConfigErrors(t *testing.T) {
 		{"stray argument", append(base, "extra"), minimal, "unexpected arguments"},
 		{"bad path", append(base, "--push-path", "push"), minimal, "must start with /"},
 		{"empty kv names", append(base, "--metric-kv-usage", " , "), minimal, "--metric-kv-usage"},
+		{"heartbeat negative", append(base, "--heartbeat", "-1s"), minimal, "--heartbeat, --send-*: heartbeat -1s"},
+		{"heartbeat beyond a minute", append(base, "--heartbeat", "2m"), minimal, "up to 1m0s"},
+		{"queue threshold zero", append(base, "--send-waiting-delta", "0"), minimal, "queue thresholds must be at least 1"},
+		{"queue threshold not a count", append(base, "--send-running-delta", "1.5"), minimal, "want a whole number"},
+		{"queue threshold negative", append(base, "--send-running-delta", "-1"), minimal, "want a whole number"},
+		{"kv threshold past 1", append(base, "--send-kv-delta", "2"), minimal, "KV-cache threshold 2: want 0..1"},
+		{"kv threshold NaN", append(base, "--send-kv-delta", "NaN"), minimal, "KV-cache threshold NaN"},
 		{"body cap zero", append(base, "--max-body-bytes", "0"), minimal, "--max-body-bytes must be between 1 and"},
 		{"body cap beyond any page", append(base, "--max-body-bytes", "4611686018427387904"), minimal, "--max-body-bytes must be between 1 and"},
 	}

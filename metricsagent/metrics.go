@@ -20,6 +20,10 @@ type Metrics struct {
 	PushBytes          prometheus.Gauge
 	EnvoyTargets       prometheus.Gauge
 	DNSErrors          prometheus.Counter
+	// Cycles counts scrape cycles by what was sent: the reason of a send
+	// (wire.Reason: first, always, heartbeat, endpoints, values, forced),
+	// or not_due when the state stayed within the send thresholds.
+	Cycles *prometheus.CounterVec // sent
 	// DirectPushes is 1 while no aggregator accepts pushes and the agent
 	// pushes to the Envoys itself (FailoverTargets).
 	DirectPushes prometheus.Gauge
@@ -74,6 +78,9 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		DNSErrors: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "wasm_epp_agent_envoy_dns_errors_total", Help: "Failed lookups of --envoy-dns (the previous addresses are kept).",
 		}),
+		Cycles: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "wasm_epp_agent_cycles_total", Help: "Scrape cycles by what they sent: the reason a push went out (first, always, heartbeat, endpoints, values, forced) or not_due (every value within the send thresholds; nothing pushed).",
+		}, []string{"sent"}),
 		DirectPushes: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "wasm_epp_agent_direct_pushes", Help: "1 while no aggregator accepts pushes and the agent pushes to every Envoy itself; 0 otherwise (or without aggregators).",
 		}),
@@ -106,7 +113,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		}, []string{"result"}),
 	}
 	reg.MustRegister(m.ScrapeDuration, m.ScrapeErrors, m.PageParses, m.PushDuration, m.PushErrors, m.EndpointsReported,
-		m.EndpointsUnhealthy, m.CycleDuration, m.PushBytes, m.EnvoyTargets, m.DNSErrors, m.DirectPushes,
+		m.EndpointsUnhealthy, m.CycleDuration, m.PushBytes, m.EnvoyTargets, m.DNSErrors, m.DirectPushes, m.Cycles,
 		m.ConfigObjects, m.ConfigRejected, m.ConfigConflicts, m.ConfigTableEntries, m.ConfigPayloadBytes, m.ConfigBuilds,
 		m.ConfigPushDuration, m.ConfigPushErrors, m.StatusWrites,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))

@@ -15,6 +15,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/wasm-epp/wasm-epp/scheduler/wire"
@@ -187,6 +188,11 @@ type pushWorker struct {
 	ctx     context.Context // cancelled when the target goes away or on Close
 	cancel  context.CancelFunc
 	failing bool // only the worker goroutine touches it
+	// last is the payload last handed over (under Pusher.mu); lastFailed
+	// says its latest attempt failed (RetryFailing resends it then).
+	last       []byte
+	lastFailed atomic.Bool
+	attempted  []byte // the payload of the latest attempt (worker goroutine only)
 }
 
 // NewPushClient returns the HTTP client for pushes: kept-alive connections
@@ -245,11 +251,33 @@ func (p *Pusher) Publish(targets []string, payload []byte) {
 			go p.run(w)
 			p.Log.Info("envoy target added", "target", t)
 		}
-		select { // drop the payload the worker has not taken yet: this one is newer
-		case <-w.mailbox:
-		default:
+		w.last = payload
+		w.handOver(payload)
+	}
+}
+
+// handOver puts payload in the worker's mailbox, replacing the payload it
+// has not taken yet (this one is newer). Called under Pusher.mu.
+func (w *pushWorker) handOver(payload []byte) {
+	select {
+	case <-w.mailbox:
+	default:
+	}
+	w.mailbox <- payload
+}
+
+// RetryFailing hands each target whose latest attempt failed its last
+// payload again: an agent that skips a cycle (nothing moved beyond its send
+// thresholds) still retries, every cycle, the targets that missed its last
+// state. A retry answered 409 (the target holds that sequence already: the
+// failed attempt got through) counts as delivered.
+func (p *Pusher) RetryFailing() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, w := range p.workers {
+		if w.last != nil && w.lastFailed.Load() && len(w.mailbox) == 0 {
+			w.handOver(w.last)
 		}
-		w.mailbox <- payload
 	}
 }
 
@@ -272,17 +300,27 @@ func (p *Pusher) run(w *pushWorker) {
 		case <-w.ctx.Done():
 			return
 		case b := <-w.mailbox:
-			p.send(w, b)
+			// A retry is the same payload again after a failed attempt.
+			retry := w.lastFailed.Load() && len(b) > 0 && len(b) == len(w.attempted) && &b[0] == &w.attempted[0]
+			w.attempted = b
+			p.send(w, b, retry)
 		}
 	}
 }
 
-func (p *Pusher) send(w *pushWorker, payload []byte) {
+// send pushes payload once and records whether it was delivered (before
+// Sent hears of it); a retry (the previous attempt failed) answered 409 was
+// delivered before.
+func (p *Pusher) send(w *pushWorker, payload []byte, retry bool) {
 	start := time.Now()
 	reason, err := p.post(w, payload)
 	if w.ctx.Err() != nil {
 		return // target removed or closing: its series are gone, do not bring them back
 	}
+	if retry && reason == "http_409" {
+		reason, err = "", nil
+	}
+	w.lastFailed.Store(err != nil)
 	p.Metrics.PushDuration.WithLabelValues(w.target).Observe(time.Since(start).Seconds())
 	if err != nil {
 		p.Metrics.PushErrors.WithLabelValues(w.target, reason).Inc()

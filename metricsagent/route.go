@@ -10,7 +10,9 @@ import (
 
 // FailoverTargets is where an agent pushes when aggregators are configured:
 // to the aggregators while one of them accepts pushes, and also straight to
-// every Envoy once none has accepted one for FallbackAfter, so routing
+// every Envoy once pushes to them have failed, none accepted, for
+// FallbackAfter (an agent that pushes only when its values move, or on its
+// heartbeat, is not failing between two pushes), so routing
 // never goes without metrics because the aggregation tier is down. Pushes
 // keep going to the aggregators meanwhile; once one accepts them again (and
 // at least RecoverAfter after the fallback began, so a flapping aggregator
@@ -27,12 +29,16 @@ type FailoverTargets struct {
 	// Direct, when set, is called with the mode whenever it changes.
 	Direct func(bool)
 
-	mu          sync.Mutex
-	started     bool
-	aggs        []string
-	lastOK      time.Time
-	direct      bool
-	directSince time.Time
+	mu      sync.Mutex
+	started bool
+	aggs    []string
+	lastOK  time.Time
+	// failingSince is the first failed push to an aggregator since one
+	// last accepted a push (zero: none failed since).
+	failingSince time.Time
+	accepted     bool // some aggregator accepted a push since the start
+	direct       bool
+	directSince  time.Time
 }
 
 // Targets returns this cycle's targets.
@@ -44,7 +50,13 @@ func (f *FailoverTargets) Targets(ctx context.Context) []string {
 		f.started, f.lastOK = true, now // a grace period at start
 	}
 	f.aggs = aggs
-	healthy := now.Sub(f.lastOK) <= f.FallbackAfter
+	// Healthy: an aggregator accepted the latest pushes, or they have been
+	// failing for less than FallbackAfter; and at start, until one has
+	// accepted a push, for FallbackAfter.
+	healthy := f.failingSince.IsZero() || now.Sub(f.failingSince) <= f.FallbackAfter
+	if f.lastOK.IsZero() || !f.accepted {
+		healthy = now.Sub(f.lastOK) <= f.FallbackAfter
+	}
 	switch {
 	case !f.direct && !healthy:
 		f.direct, f.directSince = true, now
@@ -78,13 +90,17 @@ func (f *FailoverTargets) notify(direct bool) {
 
 // Observe records one push outcome.
 func (f *FailoverTargets) Observe(target string, err error) {
-	if err != nil {
-		return
-	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	if slices.Contains(f.aggs, target) {
-		f.lastOK = f.Now()
+	if !slices.Contains(f.aggs, target) {
+		return
+	}
+	now := f.Now()
+	switch {
+	case err == nil:
+		f.lastOK, f.failingSince, f.accepted = now, time.Time{}, true
+	case f.failingSince.IsZero():
+		f.failingSince = now
 	}
 }
 
