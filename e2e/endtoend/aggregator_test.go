@@ -117,7 +117,8 @@ func TestAggregatorFailoverEndToEnd(t *testing.T) {
 		agentURL[i] = "http://" + addr
 		startProc(t, dir, fmt.Sprintf("agent-%d", i), env, agentBin, "--agent-id", fmt.Sprintf("node-%d", i),
 			"--targets", r.Addr, "--aggregators", aggAddr[0]+","+aggAddr[1], "--envoy-targets", push,
-			"--fallback-after", "300ms", "--interval", interval, "--listen", addr, "--log-format", "text")
+			"--fallback-after", "300ms", "--interval", interval, "--heartbeat", stack.AgentHeartbeat(testStaleAfter).String(),
+			"--listen", addr, "--log-format", "text")
 	}
 
 	poll(t, func() bool {

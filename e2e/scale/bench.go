@@ -34,6 +34,11 @@ type RunConfig struct {
 	PerNode   int
 	Interval  time.Duration
 	Change    float64
+	// Send is when each agent pushes (zero: every scrape); RelayFullEvery
+	// how often a relay carries every block again (ModeRelay; 0: every
+	// relay).
+	Send           wire.SendThresholds
+	RelayFullEvery time.Duration
 	// Rate is the request load (req/s) in the windows with requests.
 	Rate   float64
 	Conns  int
@@ -81,10 +86,12 @@ type Window struct {
 	// AggregatorCPU the aggregator processes' (ModeAggregator).
 	CPU, AggregatorCPU time.Duration
 	// Pushes, configuration records and requests answered, by status.
-	Pushes       map[int]int64
-	Configs      map[int]int64
-	PushBytes    int64
-	PushErrors   int64
+	Pushes     map[int]int64
+	Configs    map[int]int64
+	PushBytes  int64
+	PushErrors int64
+	// RelayBlocks counts the agent blocks the relays carried (ModeRelay).
+	RelayBlocks  int64
 	Requests     map[int]int64
 	RequestsSent int64
 	// From the plugin's own metrics: receiver time in Apply, request
@@ -192,13 +199,13 @@ func Run(ctx context.Context, cfg RunConfig) (*Result, error) {
 					v = 1
 				}
 				RunDirect(pctx, fleet, DirectOptions{URLs: []string{push}, Token: token, Interval: cfg.Interval, Version: v,
-					Change: cfg.Change, Probe: probeEvents, Stats: pushStats})
+					Change: cfg.Change, Send: cfg.Send, Probe: probeEvents, Stats: pushStats})
 			case ModeRelay:
 				RunRelay(pctx, fleet, RelayOptions{URLs: []string{push}, Token: token, Interval: cfg.Interval,
-					Change: cfg.Change, Probe: probeEvents, Stats: pushStats})
+					Change: cfg.Change, Send: cfg.Send, FullEvery: cfg.RelayFullEvery, Probe: probeEvents, Stats: pushStats})
 			case ModeAggregator:
 				RunDirect(pctx, fleet, DirectOptions{URLs: aggs.URLs, Token: token, Interval: cfg.Interval, Version: 2,
-					Change: cfg.Change, Probe: probeEvents, Stats: pushStats})
+					Change: cfg.Change, Send: cfg.Send, Probe: probeEvents, Stats: pushStats})
 			}
 		}()
 		go func() { defer pushWG.Done(); probe.Run(pctx, client, probeEvents, time.Millisecond) }()
@@ -268,6 +275,7 @@ type snapshot struct {
 	configs map[int]int64
 	bytes   int64
 	perr    int64
+	blocks  int64
 	reqs    map[int]int64
 	reqSent int64
 }
@@ -282,7 +290,7 @@ func take(ctx context.Context, gw *Gateway, ps, cs *PushStats, ls *LoadStats) (s
 		return s, err
 	}
 	s.at = time.Now()
-	s.pushes, s.bytes, s.perr = ps.Statuses(), ps.Bytes.Load(), ps.Errors.Load()
+	s.pushes, s.bytes, s.perr, s.blocks = ps.Statuses(), ps.Bytes.Load(), ps.Errors.Load(), ps.Blocks.Load()
 	s.configs = cs.Statuses()
 	s.reqs, s.reqSent = ls.Statuses(), ls.Sent.Load()
 	return s, nil
@@ -316,7 +324,7 @@ func measure(ctx context.Context, gw *Gateway, ph Phase, d, sample time.Duration
 		return Window{}, err
 	}
 	w := Window{Phase: ph, Duration: b.at.Sub(a.at), CPU: b.cpu - a.cpu, AggregatorCPU: aggCPU() - agg0,
-		Pushes: diff(b.pushes, a.pushes), Configs: diff(b.configs, a.configs), PushBytes: b.bytes - a.bytes, PushErrors: b.perr - a.perr,
+		Pushes: diff(b.pushes, a.pushes), Configs: diff(b.configs, a.configs), PushBytes: b.bytes - a.bytes, PushErrors: b.perr - a.perr, RelayBlocks: b.blocks - a.blocks,
 		Requests: diff(b.reqs, a.reqs), RequestsSent: b.reqSent - a.reqSent}
 	w.ApplyCount, w.ApplyMicros = b.stats.HistDelta(a.stats, "wasm_epp.receiver.apply_us")
 	w.RequestCount, w.RequestUs = b.stats.HistDelta(a.stats, "wasm_epp.request_us")

@@ -20,6 +20,7 @@ type PushStats struct {
 	Sent    atomic.Int64
 	Bytes   atomic.Int64
 	Errors  atomic.Int64 // transport errors
+	Blocks  atomic.Int64 // agent blocks relayed (relay mode)
 	mu      sync.Mutex
 	statuse map[int]int64
 }
@@ -113,9 +114,20 @@ type DirectOptions struct {
 	Version int
 	// Change is the fraction of endpoints whose values move each scrape.
 	Change float64
+	// Send is when an agent pushes (the agent's --heartbeat and --send-*
+	// flags); the zero value pushes every scrape.
+	Send wire.SendThresholds
 	// Probe receives the probe agent's adapter changes (may be nil).
 	Probe chan<- ProbeEvent
 	Stats *PushStats
+}
+
+// gate is agent a's send gate under t (nil: every scrape is sent).
+func gate(a *Agent, t wire.SendThresholds) *wire.SendGate {
+	if t.Heartbeat <= 0 {
+		return nil
+	}
+	return wire.NewSendGate(a.ID, t)
 }
 
 // RunDirect runs every agent of f until ctx ends.
@@ -138,9 +150,21 @@ func RunDirect(ctx context.Context, f *Fleet, o DirectOptions) {
 			defer t.Stop()
 			var buf []byte
 			lastAdapter := ""
+			g := gate(a, o.Send)
 			for {
 				now := time.Now()
 				a.Step(now, o.Change)
+				if g != nil {
+					if g.Due(a.Eps, now) == wire.NotDue {
+						select {
+						case <-ctx.Done():
+							return
+						case <-t.C:
+						}
+						continue
+					}
+					g.Sent(a.Eps, now)
+				}
 				var err error
 				if buf, err = a.Push(buf[:0], o.Version, now); err != nil {
 					panic(err) // the fleet only holds valid states
@@ -176,8 +200,15 @@ type RelayOptions struct {
 	Token    string
 	Interval time.Duration
 	Change   float64
-	Probe    chan<- ProbeEvent
-	Stats    *PushStats
+	// Send is when an agent pushes (as DirectOptions.Send); FullEvery how
+	// often the relay carries every agent's latest block again (the
+	// aggregator's --relay-full-every; 0: every relay). In between, a relay
+	// carries the blocks agents sent since the previous one, as the
+	// aggregator does.
+	Send      wire.SendThresholds
+	FullEvery time.Duration
+	Probe     chan<- ProbeEvent
+	Stats     *PushStats
 	// Sender names the relay.
 	Sender string
 }
@@ -191,15 +222,18 @@ func RunRelay(ctx context.Context, f *Fleet, o RelayOptions) {
 	}
 	rng := rand.New(rand.NewPCG(uint64(len(f.Agents)), 9))
 	type agentClock struct {
-		a     *Agent
-		phase time.Duration
-		block []byte // the agent's latest push (version 2)
-		sent  time.Time
+		a       *Agent
+		gate    *wire.SendGate
+		phase   time.Duration
+		block   []byte    // the agent's latest push (version 2)
+		sent    time.Time // when it was sent
+		scraped time.Time // the agent's latest scrape
 	}
 	clocks := make([]agentClock, len(f.Agents))
 	for i, a := range f.Agents {
-		clocks[i] = agentClock{a: a, phase: time.Duration(rng.Int64N(int64(o.Interval)))}
+		clocks[i] = agentClock{a: a, gate: gate(a, o.Send), phase: time.Duration(rng.Int64N(int64(o.Interval)))}
 	}
+	var lastRelay, lastFull time.Time
 	slices.SortFunc(clocks, func(x, y agentClock) int { return compareStrings(x.a.ID, y.a.ID) })
 	epoch0 := time.Now()
 	t := time.NewTicker(o.Interval)
@@ -218,10 +252,17 @@ func RunRelay(ctx context.Context, f *Fleet, o RelayOptions) {
 			if since < c.phase {
 				at = now
 			}
-			if !at.After(c.sent) {
+			if !at.After(c.scraped) {
 				continue
 			}
+			c.scraped = at
 			c.a.Step(at, o.Change)
+			if c.gate != nil {
+				if c.block != nil && c.gate.Due(c.a.Eps, at) == wire.NotDue {
+					continue
+				}
+				c.gate.Sent(c.a.Eps, at)
+			}
 			b, err := c.a.Push(c.block[:0], 2, at)
 			if err != nil {
 				panic(err)
@@ -235,14 +276,38 @@ func RunRelay(ctx context.Context, f *Fleet, o RelayOptions) {
 				}
 			}
 		}
-		out = wire.AppendPushV2Header(out[:0], wire.KindRelay, o.Sender, now, len(clocks))
+		full := o.FullEvery <= 0 || now.Sub(lastFull) >= o.FullEvery
+		n := 0
 		for i := range clocks {
+			if full || clocks[i].sent.After(lastRelay) {
+				n++
+			}
+		}
+		if full {
+			lastFull = now
+		}
+		if n == 0 {
+			lastRelay = now
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+			}
+			continue
+		}
+		out = wire.AppendPushV2Header(out[:0], wire.KindRelay, o.Sender, now, n)
+		for i := range clocks {
+			if !full && !clocks[i].sent.After(lastRelay) {
+				continue
+			}
 			v, err := dec.Decode(clocks[i].block, wire.Limits{})
 			if err != nil {
 				panic(err)
 			}
 			out = wire.AppendRelayBlock(out, v.Blocks[0], now.Sub(clocks[i].sent))
 		}
+		lastRelay = now
+		o.Stats.Blocks.Add(int64(n))
 		var wg sync.WaitGroup
 		for _, u := range o.URLs {
 			wg.Add(1)

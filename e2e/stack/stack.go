@@ -16,6 +16,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/wasm-epp/wasm-epp/scheduler/wire"
 )
 
 // Gateway selects what runs the bootstrap.
@@ -537,6 +539,7 @@ func (s *Stack) StartAgent(ctx context.Context) error {
 		"--push-path", s.info.Receiver.Receiver.Path,
 		"--push-token-file", s.tokenFile,
 		"--interval", s.cfg.AgentInterval.String(),
+		"--heartbeat", AgentHeartbeat(time.Duration(s.info.Router.StaleAfter)).String(),
 		"--listen", addr,
 	}
 	args = append(args, s.cfg.AgentArgs...)
@@ -553,6 +556,13 @@ func (s *Stack) StartAgent(ctx context.Context) error {
 	s.cfg.logf("agent scraping %d targets every %s, pushing to %s (pid %d)", len(targets), s.cfg.AgentInterval,
 		strings.Join(envoys, ", "), p.Pid())
 	return nil
+}
+
+// AgentHeartbeat is the agent's --heartbeat for a router's staleAfter: a
+// quarter of it, as the agent's default is of the default staleAfter (test
+// bootstraps use short ones), never above the agent's default.
+func AgentHeartbeat(staleAfter time.Duration) time.Duration {
+	return min(staleAfter/4, wire.DefaultSendThresholds().Heartbeat)
 }
 
 // StopAgent stops the agent gracefully.

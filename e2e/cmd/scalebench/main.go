@@ -19,7 +19,9 @@ import (
 	"strings"
 	"time"
 
+	"github.com/wasm-epp/wasm-epp/e2e/fleet"
 	"github.com/wasm-epp/wasm-epp/e2e/scale"
+	"github.com/wasm-epp/wasm-epp/scheduler/wire"
 )
 
 func main() {
@@ -42,9 +44,22 @@ func main() {
 		verbose   = flag.Bool("v", false, "log progress")
 		workDir   = flag.String("workdir", "", "keep each gateway's log and bootstrap under this directory")
 		sample    = flag.Duration("sample", 0, "sample the gateway's memory this often within each phase (soak)")
+		heartbeat = flag.Duration("heartbeat", 0, "agents push only what moved beyond the -send-* thresholds, and at least this often (the agent's --heartbeat); 0: every scrape, thresholds off")
+		waitDelta = flag.Uint("send-waiting-delta", uint(wire.DefaultSendThresholds().Waiting), "with -heartbeat: the agent's --send-waiting-delta")
+		runDelta  = flag.Uint("send-running-delta", uint(wire.DefaultSendThresholds().Running), "with -heartbeat: the agent's --send-running-delta")
+		kvDelta   = flag.Float64("send-kv-delta", wire.DefaultSendThresholds().KVCacheUsage, "with -heartbeat: the agent's --send-kv-delta")
+		fullEvery = flag.Duration("relay-full-every", time.Second, "relay mode: carry every agent's block again this often (the aggregator's --relay-full-every); in between, only the blocks sent since the last relay")
+		changes   = flag.String("changes", "", "instead of the bench: measure how often the fleet simulator's replicas move beyond the -send-* thresholds, for these scenarios (e2e/fleet names, comma-separated), at -change-loads under -change-policy, -per-node replicas to an agent")
+		chLoads   = flag.String("change-loads", "0.5,0.8,1", "with -changes: loads as fractions of saturation (1 = the fleet reports' knee)")
+		chPolicy  = flag.String("change-policy", "scoring", "with -changes: the routing policy (a scheduler profile)")
+		chWindow  = flag.Duration("change-window", time.Minute, "with -changes: simulated time measured, after as much again of warm-up")
 		resend    = flag.Duration("config-resend", time.Second, "each agent resends its configuration record this often while pushing (the agent's --config-resend; negative: never)")
 	)
 	flag.Parse()
+	send := wire.SendThresholds{Heartbeat: *heartbeat, Waiting: uint32(*waitDelta), Running: uint32(*runDelta), KVCacheUsage: *kvDelta}
+	if err := send.Validate(); err != nil {
+		fail(fmt.Errorf("-heartbeat, -send-*: %w", err))
+	}
 	for _, p := range []*string{binDir, bootstrap, wasm, baseWasm} {
 		if *p != "" {
 			abs, err := filepath.Abs(*p)
@@ -53,6 +68,13 @@ func main() {
 			}
 			*p = abs
 		}
+	}
+	if *changes != "" {
+		if send.Heartbeat == 0 {
+			send.Heartbeat = wire.DefaultSendThresholds().Heartbeat
+		}
+		measureChanges(split(*changes), split(*chLoads), *chPolicy, *perNode, *reps, *chWindow, send)
+		return
 	}
 	ctx, cancel := signal.NotifyContext(context.Background(), os.Interrupt)
 	defer cancel()
@@ -88,6 +110,7 @@ func main() {
 					Gateway: scale.GatewayOptions{BinDir: *binDir, Bootstrap: *bootstrap, Wasm: w, CompilationCache: *cache},
 					Mode:    scale.Mode(m), Endpoints: n, PerNode: *perNode, Change: *change, Rate: *rate,
 					Window: *window, Warmup: *warmup, Windows: phaseList, Sample: *sample, ConfigResend: *resend, Logf: logf,
+					Send: send, RelayFullEvery: *fullEvery,
 				}
 				if *workDir != "" {
 					cfg.Gateway.WorkDir = filepath.Join(*workDir, fmt.Sprintf("%s-%d-rep%d", m, n, r))
@@ -107,6 +130,37 @@ func main() {
 	}
 }
 
+// measureChanges prints, per scenario and load, how often the simulated
+// replicas' metrics moved and how often their agents would push.
+func measureChanges(scenarios, loads []string, policy string, perNode, reps int, window time.Duration, send wire.SendThresholds) {
+	pol, err := fleet.PolicyByName(policy)
+	if err != nil {
+		fail(err)
+	}
+	fmt.Printf("send thresholds: heartbeat %v, waiting %d, running %d, kv %.3f; policy %s; %v measured after %v\n",
+		send.Heartbeat, send.Waiting, send.Running, send.KVCacheUsage, policy, window, window)
+	for _, name := range scenarios {
+		sc, err := fleet.ScenarioByName(name)
+		if err != nil {
+			fail(err)
+		}
+		for _, l := range loads {
+			load, err := strconv.ParseFloat(l, 64)
+			if err != nil {
+				fail(err)
+			}
+			for seed := 1; seed <= max(reps, 1); seed++ {
+				r, err := scale.MeasureChanges(scale.ChangeConfig{Scenario: sc, Load: load, Policy: pol, Seed: uint64(seed),
+					Warmup: window, Window: window, PerNode: perNode, Send: send})
+				if err != nil {
+					fail(err)
+				}
+				fmt.Printf("seed %d: %v\n", seed, r)
+			}
+		}
+	}
+}
+
 func report(r *scale.Result) {
 	fmt.Printf("%-10s endpoints=%d agents=%d per-node=%d\n", r.Config.Mode, r.Config.Endpoints, r.Agents, r.Config.PerNode)
 	for _, w := range r.Windows {
@@ -117,6 +171,9 @@ func report(r *scale.Result) {
 		}
 		if n := sum(w.Pushes); n > 0 {
 			line += fmt.Sprintf("  pushes %6.0f/s %v", float64(n)/sec, w.Pushes)
+		}
+		if w.RelayBlocks > 0 {
+			line += fmt.Sprintf("  blocks %.0f/s", float64(w.RelayBlocks)/sec)
 		}
 		if w.ApplyCount > 0 {
 			line += fmt.Sprintf("  apply %.0f µs", w.ApplyMicros/float64(w.ApplyCount))
