@@ -114,11 +114,22 @@ type Window struct {
 	Memory []MemorySample
 }
 
-// MemorySample is the gateway's memory at one moment of a window.
+// MemorySample is the gateway's memory at one moment of a window. The
+// guest readings are sums over every VM (package plugin/internal/vmmem).
 type MemorySample struct {
 	At    time.Duration // since the window began
 	Guest int64         // wasm_epp.vm.memory_bytes: every VM's Go runtime memory
 	RSS   int64
+	// HeapObjects, HeapLive and HeapGoal are the guests' heap in objects,
+	// live at the last collection, and the collectors' goals; GCCycles the
+	// collections completed.
+	HeapObjects, HeapLive, HeapGoal, GCCycles int64
+}
+
+func memorySample(at time.Duration, st *Stats, rss int64) MemorySample {
+	return MemorySample{At: at, Guest: st.Values["wasm_epp.vm.memory_bytes"], RSS: rss,
+		HeapObjects: st.Values["wasm_epp.vm.heap_objects_bytes"], HeapLive: st.Values["wasm_epp.vm.heap_live_bytes"],
+		HeapGoal: st.Values["wasm_epp.vm.heap_goal_bytes"], GCCycles: st.Values["wasm_epp.vm.gc_cycles"]}
 }
 
 // Result is one run.
@@ -311,7 +322,7 @@ func measure(ctx context.Context, gw *Gateway, ph Phase, d, sample time.Duration
 				return Window{}, err
 			}
 			rss, _ := gw.RSS()
-			mem = append(mem, MemorySample{At: at, Guest: st.Values["wasm_epp.vm.memory_bytes"], RSS: rss})
+			mem = append(mem, memorySample(at, st, rss))
 			if err := sleep(ctx, min(sample, d-at)); err != nil {
 				return Window{}, err
 			}

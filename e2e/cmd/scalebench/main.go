@@ -24,6 +24,8 @@ import (
 	"github.com/wasm-epp/wasm-epp/scheduler/wire"
 )
 
+var verboseMemory = flag.Bool("memory-samples", false, "print every memory sample of a window with -sample (guest heap, collector goal, GC cycles)")
+
 func main() {
 	var (
 		binDir    = flag.String("bin", "bin", "directory with envoyhost")
@@ -210,9 +212,17 @@ func report(r *scale.Result) {
 			}
 			fmt.Printf("  memory over %v: guest %.1f -> %.1f MiB (max %.1f), rss %d -> %d MiB, %d samples\n", w.Duration.Round(time.Second),
 				float64(first.Guest)/(1<<20), float64(last.Guest)/(1<<20), float64(maxG)/(1<<20), first.RSS>>20, last.RSS>>20, n)
+			if *verboseMemory {
+				for _, m := range w.Memory {
+					fmt.Printf("    %6v guest %7.1f MiB  objects %7.1f  live %7.1f  goal %7.1f MiB  gc cycles %d  rss %d MiB\n", m.At.Round(time.Second),
+						mib(m.Guest), mib(m.HeapObjects), mib(m.HeapLive), mib(m.HeapGoal), m.GCCycles, m.RSS>>20)
+				}
+			}
 		}
 	}
 }
+
+func mib(b int64) float64 { return float64(b) / (1 << 20) }
 
 func sum(m map[int]int64) int64 {
 	var n int64

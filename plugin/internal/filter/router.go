@@ -495,7 +495,7 @@ func (r *Router) refreshShared() *scheduler.Snapshot {
 // only then are the changed segments read and their endpoints rewritten.
 func (r *Router) snapshot() *scheduler.Snapshot {
 	start := r.clock.Since()
-	vmmem.Maybe(start)
+	vmmem.Maybe()
 	snap, changed, err := r.cache.Refresh(shareddata.Store{})
 	if err != nil {
 		r.m.decodeErrors.Increment(1)

@@ -213,7 +213,7 @@ func (r *Receiver) authorized() bool {
 // outcome counter and, on failure, a message for the pusher.
 func (r *Receiver) apply(push []byte) (status int, outcome, msg string) {
 	start := r.mono()
-	vmmem.Maybe(time.Duration(start.UnixNano()))
+	vmmem.Maybe()
 	stats, err := r.writer.Apply(shareddata.Store{}, push, r.now())
 	r.applyUs.Record(uint64(r.mono().Sub(start) / time.Microsecond))
 	count := func(c proxywasm.MetricCounter, n int) {

@@ -1,10 +1,21 @@
-// Package vmmem reports the guest memory of the plugin's VMs as one gauge,
-// wasm_epp.vm.memory_bytes: the sum over every VM of the memory its Go
-// runtime has mapped (runtime/metrics /memory/classes/total:bytes), which in
-// a Wasm guest is its linear memory in use (Wasm memory never shrinks, so a
-// gauge that keeps rising is a leak). Every role of a VM calls Maybe; each
-// VM adds the change since its last report, at most once a second. Every
-// role defines the gauge in its plugin start (Define).
+// Package vmmem reports the guest memory of the plugin's VMs as gauges,
+// each the sum over every VM of one Go runtime reading (runtime/metrics):
+//
+//   - wasm_epp.vm.memory_bytes: the memory the runtime has mapped
+//     (/memory/classes/total:bytes), which in a Wasm guest is its linear
+//     memory in use (Wasm memory never shrinks, so a gauge that keeps
+//     rising is a leak or a collector that falls behind);
+//   - wasm_epp.vm.heap_objects_bytes: heap held by objects, live or not yet
+//     swept (/memory/classes/heap/objects:bytes);
+//   - wasm_epp.vm.heap_live_bytes: heap marked live by the last collection
+//     (/gc/heap/live:bytes);
+//   - wasm_epp.vm.heap_goal_bytes: the collector's goal for the heap
+//     (/gc/heap/goal:bytes);
+//   - wasm_epp.vm.gc_cycles: collections completed (/gc/cycles/total).
+//
+// Every role of a VM calls Maybe; each VM adds the change since its last
+// report, at most once a second, looking at the clock every 64th call.
+// Every role defines the gauges in its plugin start (Define).
 package vmmem
 
 import (
@@ -15,47 +26,86 @@ import (
 )
 
 // every bounds how often a VM reads its memory (a read is a few
-// microseconds; the gauge is for dashboards and soak tests).
-const every = time.Second
-
-var (
-	gauge    proxywasm.MetricGauge
-	defined  bool
-	reported int64
-	last     time.Duration
-	sample   = []metrics.Sample{{Name: "/memory/classes/total:bytes"}}
+// microseconds; the gauges are for dashboards and soak tests), and a VM
+// looks at the clock (a host call) only every checkEvery-th call.
+const (
+	every      = time.Second
+	checkEvery = 64
 )
 
-// Define defines the gauge; call it from each role's plugin start. A VM
-// holding several plugins gets the same gauge each time and keeps counting
-// where it was.
+// readings are the gauges, in the order of sample.
+var readings = [...]struct{ gauge, metric string }{
+	{"wasm_epp.vm.memory_bytes", "/memory/classes/total:bytes"},
+	{"wasm_epp.vm.heap_objects_bytes", "/memory/classes/heap/objects:bytes"},
+	{"wasm_epp.vm.heap_live_bytes", "/gc/heap/live:bytes"},
+	{"wasm_epp.vm.heap_goal_bytes", "/gc/heap/goal:bytes"},
+	{"wasm_epp.vm.gc_cycles", "/gc/cycles/total:gc-cycles"},
+}
+
+var (
+	gauges   [len(readings)]proxywasm.MetricGauge
+	reported [len(readings)]int64
+	sample   [len(readings)]metrics.Sample
+	defined  bool
+	fresh    bool // nothing reported since Define or Forget
+	epoch    time.Time
+	last     time.Duration // since epoch, at the last report
+	calls    uint32
+)
+
+func init() {
+	for i, r := range readings {
+		sample[i].Name = r.metric
+	}
+}
+
+// Define defines the gauges; call it from each role's plugin start. A VM
+// holding several plugins gets the same gauges each time and keeps
+// counting where it was.
 func Define() {
-	g := proxywasm.DefineGaugeMetric("wasm_epp.vm.memory_bytes")
-	if !defined || g != gauge {
-		gauge, reported, last = g, 0, 0
+	changed := !defined
+	for i, r := range readings {
+		g := proxywasm.DefineGaugeMetric(r.gauge)
+		changed = changed || g != gauges[i]
+		gauges[i] = g
+	}
+	if changed {
+		Forget()
+	}
+	if !defined {
+		epoch = time.Now()
 	}
 	defined = true
 }
 
-// Maybe reports this VM's memory when the last report is older than a
-// second; mono is a monotonic reading of the caller's (time since some
-// start). It allocates nothing.
-func Maybe(mono time.Duration) {
-	if !defined || reported != 0 && mono-last < every && mono >= last {
+// Maybe reports this VM's readings when the last report is older than a
+// second (or none was made). It allocates nothing.
+func Maybe() {
+	if !defined {
 		return
 	}
-	last = mono
-	metrics.Read(sample)
-	if sample[0].Value.Kind() != metrics.KindUint64 {
+	calls++
+	if !fresh && calls%checkEvery != 0 {
 		return
 	}
-	now := int64(sample[0].Value.Uint64())
-	if d := now - reported; d != 0 {
-		gauge.Add(d)
-		reported = now
+	mono := time.Since(epoch)
+	if !fresh && mono-last < every {
+		return
+	}
+	last, fresh = mono, false
+	metrics.Read(sample[:])
+	for i := range sample {
+		if sample[i].Value.Kind() != metrics.KindUint64 {
+			continue
+		}
+		now := int64(sample[i].Value.Uint64())
+		if d := now - reported[i]; d != 0 {
+			gauges[i].Add(d)
+			reported[i] = now
+		}
 	}
 }
 
-// Forget makes the next Maybe report the whole memory again, as a new VM
-// does: for tests that start a new host in the same process.
-func Forget() { reported, last = 0, 0 }
+// Forget makes the next Maybe report every reading whole again, as a new
+// VM does: for tests that start a new host in the same process.
+func Forget() { reported, last, fresh = [len(readings)]int64{}, 0, true }
