@@ -9,21 +9,25 @@ import "github.com/tetratelabs/proxy-wasm-go-sdk/proxywasm/types"
 // result; e2e/envoyhost checks a module against the same table).
 // Booleans (end_of_stream, results of on_vm_start/on_configure/on_done) are i32.
 
-// vm is the dispatcher of this VM; buffers pins host-allocated memory.
-// Creating them at package init makes no host call.
+// vm is the dispatcher of this VM; buffers pins host-allocated memory;
+// turns gives the Go scheduler its turns. Creating them at package init
+// makes no host call.
 var (
 	vm      = newDispatcher()
 	buffers = newHostBuffers()
+	turns   schedTurns
 )
 
 // enter and exit bracket every callback; when the outermost one returns no
-// host call is in flight, so unclaimed host buffers can be dropped.
+// host call is in flight, so unclaimed host buffers can be dropped and the
+// scheduler can have a turn (schedturns_wasip1.go).
 func enter() { vm.depth++ }
 
 func exit() {
 	vm.depth--
 	if vm.depth == 0 {
 		buffers.releaseAll()
+		turns.afterCallback()
 	}
 }
 
