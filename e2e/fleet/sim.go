@@ -56,6 +56,10 @@ type RunConfig struct {
 	// RecordOutcomes keeps every arrival's outcome in Result.Outcomes, to
 	// compare two policies request by request (same seed, same arrivals).
 	RecordOutcomes bool
+	// PolicySalt, when not 0, draws every policy instance's random choices
+	// (tie-breaks, random picks) from other streams while the traffic stays
+	// the same: how much of a seed's result is owed to those draws alone.
+	PolicySalt uint64
 	// Cooldown keeps arrivals coming, unmeasured, for this long after the
 	// window, so the requests measured at its end meet the same load until
 	// they leave: without it, requests a flow-control queue holds when
@@ -312,7 +316,7 @@ func runOnce(cfg RunConfig, into *samples) (Result, error) {
 	for k := range policies {
 		// VM 0 has the run's seed, so one VM is exactly the single-gateway run.
 		var err error
-		if policies[k], err = cfg.Policy.New(cfg.Seed^(uint64(k)*0x9e3779b97f4a7c15), clock); err != nil {
+		if policies[k], err = cfg.Policy.New(cfg.Seed^(uint64(k)*0x9e3779b97f4a7c15)^(cfg.PolicySalt*0xbf58476d1ce4e5b9), clock); err != nil {
 			return Result{}, fmt.Errorf("fleet: policy %q: %w", cfg.Policy.Name, err)
 		}
 		g := k / vms

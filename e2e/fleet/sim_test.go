@@ -189,6 +189,26 @@ func TestSchedulerPolicyReturnsTheSnapshotIndex(t *testing.T) {
 	assert.Equal(t, []int{0, 1, 2, 0, 1, 2}, got)
 }
 
+func TestPolicySaltChangesOnlyThePolicysDraws(t *testing.T) {
+	cfg := smallRun(t, scheduler.ProfileRandom, 60)
+	first, err := Run(cfg)
+	require.NoError(t, err)
+	cfg.PolicySalt = 1
+	salted, err := Run(cfg)
+	require.NoError(t, err)
+	assert.Equal(t, first.Arrivals, salted.Arrivals, "the same traffic")
+	assert.NotEqual(t, first.Routed, salted.Routed, "other random picks")
+
+	// A policy without random choices routes exactly as before.
+	cfg = smallRun(t, scheduler.ProfileRoundRobin, 60)
+	first, err = Run(cfg)
+	require.NoError(t, err)
+	cfg.PolicySalt = 1
+	salted, err = Run(cfg)
+	require.NoError(t, err)
+	assert.Equal(t, first, salted)
+}
+
 func TestRunSeedsPoolsSeeds(t *testing.T) {
 	cfg := smallRun(t, scheduler.ProfileDecisionTree, 50)
 	one, err := Run(cfg)

@@ -25,6 +25,8 @@ type SweepConfig struct {
 	// RunConfig.
 	Warmup, Window, ScrapeInterval time.Duration
 	Gateways, GatewayVMs           int
+	// PolicySalt as in RunConfig.
+	PolicySalt uint64
 	// LoRAFIFOAt, when positive, also runs every policy at that load on
 	// the scenarios with adapters with the replicas' LoRA admission changed
 	// to pure FIFO (ScenarioResult.FIFO): what vLLM's skip rule costs or
@@ -76,7 +78,7 @@ func Sweep(cfg SweepConfig) ([]ScenarioResult, error) {
 			return RunConfig{
 				Scenario: sc, Policy: p, Rate: load * capa.FleetRPS, Load: load, Seed: cfg.Seed,
 				Warmup: cfg.Warmup, Window: cfg.Window, ScrapeInterval: cfg.ScrapeInterval,
-				Gateways: cfg.Gateways, GatewayVMs: cfg.GatewayVMs,
+				Gateways: cfg.Gateways, GatewayVMs: cfg.GatewayVMs, PolicySalt: cfg.PolicySalt,
 			}
 		}
 		for li, load := range cfg.Loads {

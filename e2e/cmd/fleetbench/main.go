@@ -52,6 +52,7 @@ func run(args []string) error {
 		gatewayVMs  = fs.Int("gateway-vms", 1, "routing VMs (Envoy workers) per gateway, each with its own scheduler and snapshot copy")
 		gateways    = fs.Int("gateways", 1, "Envoy replicas sharing the traffic, each with -gateway-vms VMs and its own in-flight counts")
 		loraRule    = fs.String("lora-admission", "skip", "LoRA admission of every replica: skip (vLLM V1) or fifo (strict arrival order)")
+		salt        = fs.Uint64("policy-salt", 0, "draw the policies' random choices (tie-breaks, random picks) from other streams, the traffic unchanged (0: the seed's own): what a seed's result owes to those draws")
 		fifoAt      = fs.Float64("compare-lora-fifo", 100, "also run every policy at this load (%) with FIFO LoRA admission on the scenarios with adapters (0: off)")
 		countRouted optionalBool
 	)
@@ -114,7 +115,7 @@ func run(args []string) error {
 	cfg := fleet.SweepConfig{
 		Scenarios: scs, Loads: loadList, Policies: pols, Seed: *seed, Seeds: *seeds,
 		Warmup: *warmup, Window: *window, ScrapeInterval: *scrape, Gateways: *gateways, GatewayVMs: *gatewayVMs, Parallel: *parallel,
-		LoRAFIFOAt: *fifoAt / 100,
+		LoRAFIFOAt: *fifoAt / 100, PolicySalt: *salt,
 	}
 	if !*quiet {
 		cfg.Progress = os.Stderr
