@@ -269,6 +269,10 @@ func (rep *Report) WriteMarkdown(w io.Writer) error {
 		fmt.Fprintf(&b, "## Gaps to the oracle at the knee (%.0f%% of saturation)\n\n", 100*knee)
 		b.WriteString(gaps)
 	}
+	if sweep := rep.prefixSweep(); sweep != "" {
+		b.WriteString("## Prefix targets across the load sweep\n\n")
+		b.WriteString(sweep)
+	}
 
 	for i := range rep.Results {
 		sr := &rep.Results[i]
