@@ -37,79 +37,143 @@ import "math/bits"
 // scenarios run at 1.2× the CPU of the model without caching instead of
 // 3.5×, BENCHMARKS.md).
 type blockPool struct {
-	blocks     []kvBlock
-	head, tail int32
-	free       int
-	byHash     hashIndex
-	caching    bool
+	blocks []kvBlock
+	// The free queue is the stack of free blocks without a hash (its top is
+	// the queue's head) followed by the FIFO of free blocks with one, oldest
+	// first (see pushFront and pushBack).
+	stack              []int32
+	fifo               []int32
+	fifoHead, fifoTail uint64 // sequence numbers; fifo[seq&fifoMask]
+	fifoMask           uint64
+	free               int
+	byHash             hashIndex
+	caching            bool
 	// hashed counts blocks that carry a hash (in use or free).
 	hashed int
 }
 
 type kvBlock struct {
-	// hash is the block hash, or for a virtual block its request's salt.
+	// hash is the block hash, for a virtual block its request's salt, 0
+	// for none (neither is ever 0).
 	hash uint64
-	// prev and next link the free queue; sameHash links blocks holding the
-	// same hash, oldest first.
-	prev, next, sameHash int32
-	ref                  int32
-	virtIndex            int32 // a virtual block's index in its request
-	inFree, hasHash      bool
-	virtual              bool
+	ref  int32
+	// link is, for a hashed block, the next block holding the same hash
+	// (oldest first) and for a virtual block its index in its request.
+	link int32
+	// fifoSeq is the block's place in the FIFO while flags has inFIFO.
+	fifoSeq uint32
+	flags   uint8
 }
+
+const (
+	inFIFO uint8 = 1 << iota
+	inStack
+	virtualBlock
+)
 
 const noBlock int32 = -1
 
 func newBlockPool(n int, caching bool) blockPool {
-	p := blockPool{blocks: make([]kvBlock, n), head: noBlock, tail: noBlock, caching: caching}
+	size := 16
+	for size < 2*n {
+		size *= 2
+	}
+	p := blockPool{blocks: make([]kvBlock, n), fifo: make([]int32, size), fifoMask: uint64(size - 1), caching: caching}
 	if caching {
 		p.byHash = newHashIndex(n)
 	}
 	for i := range p.blocks {
-		p.blocks[i].sameHash = noBlock
+		p.blocks[i].link = noBlock
 		p.pushBack(int32(i))
 	}
 	return p
 }
 
+// The free queue as a stack and a FIFO with holes: the queue of vLLM's
+// FreeKVCacheBlockQueue (a doubly linked list) only ever gains blocks
+// without a hash at its head (prepended on free) and blocks with a hash at
+// its tail (appended on free), and loses blocks at its head (allocation)
+// or, for blocks with a hash only, anywhere (a hit on a free block). So the
+// queue is exactly the stack of the prepended blocks, most recent first,
+// then the appended ones in order; a hit leaves a hole in the FIFO that
+// the head skips (a block's entry counts only while its fifoSeq names it).
+// Allocating thus reads block ids in order instead of chasing links from
+// block to block, and a block entry is 8 bytes smaller (BENCHMARKS.md,
+// "Replica-model speed work").
+
+// pushBack appends block b (with a hash) to the free queue.
 func (p *blockPool) pushBack(b int32) {
-	blk := &p.blocks[b]
-	blk.prev, blk.next, blk.inFree = p.tail, noBlock, true
-	if p.tail == noBlock {
-		p.head = b
-	} else {
-		p.blocks[p.tail].next = b
+	if p.fifoTail-p.fifoHead == uint64(len(p.fifo)) {
+		p.compactFIFO()
 	}
-	p.tail = b
+	blk := &p.blocks[b]
+	p.fifo[p.fifoTail&p.fifoMask] = b
+	blk.fifoSeq = uint32(p.fifoTail)
+	blk.flags |= inFIFO
+	p.fifoTail++
 	p.free++
 }
 
+// pushFront prepends block b (without a hash) to the free queue.
 func (p *blockPool) pushFront(b int32) {
-	blk := &p.blocks[b]
-	blk.prev, blk.next, blk.inFree = noBlock, p.head, true
-	if p.head == noBlock {
-		p.tail = b
-	} else {
-		p.blocks[p.head].prev = b
-	}
-	p.head = b
+	p.blocks[b].flags |= inStack
+	p.stack = append(p.stack, b)
 	p.free++
 }
 
+func (p *blockPool) isFree(b int32) bool { return p.blocks[b].flags&(inFIFO|inStack) != 0 }
+
+// validEntry reports whether the FIFO entry at seq is block b's place.
+func (p *blockPool) validEntry(b int32, seq uint64) bool {
+	blk := &p.blocks[b]
+	return blk.flags&inFIFO != 0 && blk.fifoSeq == uint32(seq)
+}
+
+// popFront takes the head of the free queue; the caller has checked that
+// it is not empty.
+func (p *blockPool) popFront() int32 {
+	p.free--
+	if n := len(p.stack); n > 0 {
+		b := p.stack[n-1]
+		p.stack = p.stack[:n-1]
+		p.blocks[b].flags &^= inStack
+		return b
+	}
+	for {
+		seq := p.fifoHead
+		b := p.fifo[seq&p.fifoMask]
+		p.fifoHead++
+		if p.validEntry(b, seq) {
+			p.blocks[b].flags &^= inFIFO
+			return b
+		}
+	}
+}
+
+// unlink takes free block b, which has a hash, out of the queue: its FIFO
+// entry becomes a hole.
 func (p *blockPool) unlink(b int32) {
 	blk := &p.blocks[b]
-	if blk.prev == noBlock {
-		p.head = blk.next
-	} else {
-		p.blocks[blk.prev].next = blk.next
+	if blk.flags&inFIFO == 0 {
+		panic("vllmsim: unlinking a block that is not in the free queue's FIFO")
 	}
-	if blk.next == noBlock {
-		p.tail = blk.prev
-	} else {
-		p.blocks[blk.next].prev = blk.prev
-	}
-	blk.prev, blk.next, blk.inFree = noBlock, noBlock, false
+	blk.flags &^= inFIFO
 	p.free--
+}
+
+// compactFIFO squeezes the holes out of a full FIFO, keeping the order.
+// The FIFO has room for twice the pool, so this runs at most once per
+// pool-size appends.
+func (p *blockPool) compactFIFO() {
+	w := p.fifoHead
+	for seq := p.fifoHead; seq < p.fifoTail; seq++ {
+		if b := p.fifo[seq&p.fifoMask]; p.validEntry(b, seq) {
+			p.fifo[w&p.fifoMask] = b
+			p.blocks[b].fifoSeq = uint32(w)
+			w++
+		}
+	}
+	p.fifoTail = w
 }
 
 // evictable counts the blocks in list that sit in the free queue: touching
@@ -138,14 +202,18 @@ func (p *blockPool) touch(list []int32) {
 // allocate appends n blocks from the head of the free queue to dst,
 // evicting the cached ones. The caller has checked n <= p.free.
 func (p *blockPool) allocate(n int, dst []int32) []int32 {
+	start := len(dst)
 	for range n {
-		b := p.head
-		p.unlink(b)
-		if p.blocks[b].hasHash {
+		dst = append(dst, p.popFront())
+	}
+	// Evicting touches neither the queue nor the other taken blocks'
+	// counts, so it can follow the taking.
+	for _, b := range dst[start:] {
+		blk := &p.blocks[b]
+		if blk.hash != 0 {
 			p.evict(b)
 		}
-		p.blocks[b].ref = 1
-		dst = append(dst, b)
+		blk.ref = 1
 	}
 	return dst
 }
@@ -153,20 +221,21 @@ func (p *blockPool) allocate(n int, dst []int32) []int32 {
 // evict drops block b's hash from the cache.
 func (p *blockPool) evict(b int32) {
 	blk := &p.blocks[b]
-	if blk.virtual {
-		blk.hasHash, blk.hash, blk.virtual = false, 0, false
+	if blk.flags&virtualBlock != 0 {
+		blk.hash, blk.link = 0, noBlock
+		blk.flags &^= virtualBlock
 		p.hashed--
 		return
 	}
-	if first := p.byHash.removeIf(blk.hash, b, blk.sameHash, p.blocks); first != b {
-		for c := first; ; c = p.blocks[c].sameHash {
-			if p.blocks[c].sameHash == b {
-				p.blocks[c].sameHash = blk.sameHash
+	if first := p.byHash.removeIf(blk.hash, b, blk.link, p.blocks); first != b {
+		for c := first; ; c = p.blocks[c].link {
+			if p.blocks[c].link == b {
+				p.blocks[c].link = blk.link
 				break
 			}
 		}
 	}
-	blk.hasHash, blk.hash, blk.sameHash = false, 0, noBlock
+	blk.hash, blk.link = 0, noBlock
 	p.hashed--
 }
 
@@ -175,27 +244,28 @@ func (p *blockPool) evict(b int32) {
 // keeps it.
 func (p *blockPool) cache(b int32, h uint64) {
 	blk := &p.blocks[b]
-	if !p.caching || blk.hasHash {
+	if !p.caching || blk.hash != 0 {
 		return
 	}
-	blk.hash, blk.hasHash, blk.sameHash = h, true, noBlock
+	blk.hash, blk.link = h, noBlock
 	p.hashed++
 	first := p.byHash.getOrSet(h, b, p.blocks)
 	if first == b {
 		return
 	}
 	c := first
-	for p.blocks[c].sameHash != noBlock {
-		c = p.blocks[c].sameHash
+	for p.blocks[c].link != noBlock {
+		c = p.blocks[c].link
 	}
-	p.blocks[c].sameHash = b
+	p.blocks[c].link = b
 }
 
 // tagVirtual tags block b, about to be freed, as block index of the
 // request with salt. The caller counted it in hashed when it became full.
 func (p *blockPool) tagVirtual(b int32, salt uint64, index int) {
 	blk := &p.blocks[b]
-	blk.hash, blk.hasHash, blk.virtual, blk.virtIndex = salt, true, true, int32(index)
+	blk.hash, blk.link = salt, int32(index)
+	blk.flags |= virtualBlock
 }
 
 // virtualHits is how many leading blocks of a preempted request's former
@@ -204,7 +274,7 @@ func (p *blockPool) virtualHits(former []int32, salt uint64, maxBlocks int) int 
 	n := 0
 	for n < min(maxBlocks, len(former)) {
 		blk := &p.blocks[former[n]]
-		if !blk.virtual || blk.hash != salt || blk.virtIndex != int32(n) {
+		if blk.flags&virtualBlock == 0 || blk.hash != salt || blk.link != int32(n) {
 			break
 		}
 		n++
@@ -219,12 +289,12 @@ func (p *blockPool) release(table []int32) {
 	for i := len(table) - 1; i >= 0; i-- {
 		blk := &p.blocks[table[i]]
 		blk.ref--
-		if blk.ref == 0 && blk.hasHash {
+		if blk.ref == 0 && blk.hash != 0 {
 			p.pushBack(table[i])
 		}
 	}
 	for _, b := range table {
-		if blk := &p.blocks[b]; blk.ref == 0 && !blk.hasHash && !blk.inFree {
+		if blk := &p.blocks[b]; blk.ref == 0 && blk.hash == 0 && !p.isFree(b) {
 			p.pushFront(b)
 		}
 	}

@@ -39,12 +39,15 @@ func checkPool(t *testing.T, r *Replica) {
 	t.Helper()
 	p := &r.pool
 	inQueue := 0
-	for b, prev := p.head, noBlock; b != noBlock; prev, b = b, p.blocks[b].next {
-		require.Equal(t, prev, p.blocks[b].prev)
+	queued := make([]bool, len(p.blocks))
+	for _, b := range freeQueue(p) {
 		require.Zero(t, p.blocks[b].ref, "block %d in the free queue", b)
-		require.True(t, p.blocks[b].inFree)
+		require.False(t, queued[b], "block %d twice in the free queue", b)
+		queued[b] = true
 		inQueue++
-		require.LessOrEqual(t, inQueue, len(p.blocks))
+	}
+	for _, b := range p.stack {
+		require.Zero(t, p.blocks[b].hash, "block %d on the stack has no hash", b)
 	}
 	require.Equal(t, p.free, inQueue)
 	refs := make([]int32, len(p.blocks))
@@ -60,7 +63,7 @@ func checkPool(t *testing.T, r *Replica) {
 		if s.salt != 0 {
 			// Counted as cached when full, tagged when freed.
 			for i, b := range s.table[:s.cachedBlocks] {
-				require.Equal(t, i < s.taggedBlocks, p.blocks[b].hasHash, "block %d of a running request without token ids", i)
+				require.Equal(t, i < s.taggedBlocks, p.blocks[b].hash != 0, "block %d of a running request without token ids", i)
 			}
 			hashed += s.cachedBlocks - s.taggedBlocks
 		}
@@ -68,13 +71,14 @@ func checkPool(t *testing.T, r *Replica) {
 	for b := range p.blocks {
 		blk := &p.blocks[b]
 		require.Equal(t, refs[b], blk.ref, "block %d", b)
-		require.Equal(t, blk.ref == 0, blk.inFree, "block %d", b)
-		if blk.hasHash {
+		require.Equal(t, blk.ref == 0, queued[b], "block %d", b)
+		require.Equal(t, blk.ref == 0, p.isFree(int32(b)), "block %d", b)
+		if blk.hash != 0 {
 			hashed++
 		}
-		if blk.hasHash && !blk.virtual {
+		if blk.hash != 0 && blk.flags&virtualBlock == 0 {
 			found := false
-			for c := p.byHash.get(blk.hash, p.blocks); c != noBlock; c = p.blocks[c].sameHash {
+			for c := p.byHash.get(blk.hash, p.blocks); c != noBlock; c = p.blocks[c].link {
 				found = found || c == int32(b)
 			}
 			require.True(t, found, "hashed block %d is reachable from the cache", b)
@@ -82,6 +86,21 @@ func checkPool(t *testing.T, r *Replica) {
 	}
 	require.Equal(t, p.hashed, hashed)
 	require.LessOrEqual(t, r.totalBlocks-p.free, r.totalBlocks)
+}
+
+// freeQueue lists the pool's free queue from its head: the stack from its
+// top, then the FIFO's live entries.
+func freeQueue(p *blockPool) []int32 {
+	var q []int32
+	for i := len(p.stack) - 1; i >= 0; i-- {
+		q = append(q, p.stack[i])
+	}
+	for seq := p.fifoHead; seq < p.fifoTail; seq++ {
+		if b := p.fifo[seq&p.fifoMask]; p.validEntry(b, seq) {
+			q = append(q, b)
+		}
+	}
+	return q
 }
 
 func TestTwoRequestsShareThreeFullBlocks(t *testing.T) {
@@ -434,4 +453,87 @@ func TestHashIndexAgreesWithAMap(t *testing.T) {
 	for k, b := range ref {
 		require.Equal(t, b, h.get(k, blocks))
 	}
+}
+
+// TestFreeQueueIsVLLMsQueue drives the pool with random allocations,
+// hits and frees, and checks its free queue, block by block, against a
+// plain list kept as vLLM's FreeKVCacheBlockQueue keeps it: freed blocks
+// with a hash appended, without one prepended, hits taken out anywhere,
+// allocations taken from the head.
+func TestFreeQueueIsVLLMsQueue(t *testing.T) {
+	rng := rand.New(rand.NewPCG(5, 6))
+	const n = 64
+	p := newBlockPool(n, true)
+	list := []int32{}
+	for b := range int32(n) {
+		list = append(list, b)
+	}
+	remove := func(b int32) {
+		for i, c := range list {
+			if c == b {
+				list = append(list[:i], list[i+1:]...)
+				return
+			}
+		}
+		t.Fatalf("block %d not in the reference queue", b)
+	}
+	var tables [][]int32
+	nextHash := uint64(1)
+	compactions, lastTail := 0, p.fifoTail
+	for step := range 20_000 {
+		// Allocations are rarer than hits and frees, so that holes pile up
+		// in the FIFO and it gets compacted.
+		switch op := rng.IntN(6); {
+		case op == 0 && p.free > 0:
+			k := 1 + rng.IntN(min(p.free, 12))
+			table := p.allocate(k, nil)
+			require.Equal(t, list[:k], table, "step %d: allocation takes the head", step)
+			list = list[k:]
+			// Some full blocks get a hash (and are cached).
+			for _, b := range table[:rng.IntN(k+1)] {
+				nextHash += 2
+				p.cache(b, nextHash)
+			}
+			tables = append(tables, table)
+		case op <= 3 && len(tables) > 0:
+			i := rng.IntN(len(tables))
+			table := tables[i]
+			tables = append(tables[:i], tables[i+1:]...)
+			p.release(table)
+			var front []int32
+			for j := len(table) - 1; j >= 0; j-- {
+				if b := table[j]; p.blocks[b].ref == 0 && p.blocks[b].hash != 0 {
+					list = append(list, b)
+				}
+			}
+			for _, b := range table {
+				if p.blocks[b].ref == 0 && p.blocks[b].hash == 0 {
+					front = append([]int32{b}, front...)
+				}
+			}
+			list = append(front, list...)
+		case op >= 4:
+			// A hit on free cached blocks (and on some in use).
+			var hit []int32
+			for b := range int32(n) {
+				if p.blocks[b].hash != 0 && rng.IntN(3) == 0 {
+					hit = append(hit, b)
+				}
+			}
+			for _, b := range hit {
+				if p.blocks[b].ref == 0 {
+					remove(b)
+				}
+			}
+			p.touch(hit)
+			tables = append(tables, hit)
+		}
+		if p.fifoTail < lastTail {
+			compactions++
+		}
+		lastTail = p.fifoTail
+		require.Equal(t, len(list), p.free, "step %d", step)
+		require.Equal(t, append([]int32{}, list...), append([]int32{}, freeQueue(&p)...), "step %d", step)
+	}
+	require.Positive(t, compactions, "the FIFO filled with holes and was compacted")
 }
