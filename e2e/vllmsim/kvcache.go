@@ -62,7 +62,9 @@ type kvBlock struct {
 	link int32
 	// fifoSeq is the block's place in the FIFO while flags has inFIFO.
 	fifoSeq uint32
-	flags   uint8
+	// home is a cached block's home slot in the hash index.
+	home  uint32
+	flags uint8
 }
 
 const (
@@ -227,7 +229,7 @@ func (p *blockPool) evict(b int32) {
 		p.hashed--
 		return
 	}
-	if first := p.byHash.removeIf(blk.hash, b, blk.link, p.blocks); first != b {
+	if first := p.byHash.removeIf(blk.hash, blk.home, b, blk.link); first != b {
 		for c := first; ; c = p.blocks[c].link {
 			if p.blocks[c].link == b {
 				p.blocks[c].link = blk.link
@@ -239,17 +241,17 @@ func (p *blockPool) evict(b int32) {
 	p.hashed--
 }
 
-// cache records that in-use block b holds the full block with hash h
-// (cache_full_blocks). A block that already has a hash came from a hit and
-// keeps it.
-func (p *blockPool) cache(b int32, h uint64) {
+// cache records that in-use block b holds the full block with hash h,
+// homed at home in the index (cache_full_blocks). A block that already has
+// a hash came from a hit and keeps it.
+func (p *blockPool) cache(b int32, h uint64, home uint32) {
 	blk := &p.blocks[b]
 	if !p.caching || blk.hash != 0 {
 		return
 	}
-	blk.hash, blk.link = h, noBlock
+	blk.hash, blk.link, blk.home = h, noBlock, home
 	p.hashed++
-	first := p.byHash.getOrSet(h, b, p.blocks)
+	first := p.byHash.getOrSet(h, home, b)
 	if first == b {
 		return
 	}
@@ -303,37 +305,54 @@ func (p *blockPool) release(table []int32) {
 // hashIndex maps a block hash to a block id: open addressing with linear
 // probing over a power-of-two table at most half full (the pool's blocks
 // bound its entries), and backward-shift deletion, so the constant insert
-// and evict churn of the cache leaves no tombstones. A slot is one word:
-// the hash's high 32 bits (which also pick its home slot) and the block id
-// plus one, so an empty slot is 0 and a probe reads one cache line; a slot
-// whose high bits match is confirmed against the full hash in the block
-// array, so two hashes that share their high bits never mix. It replaced a
-// Go map whose probe sequences grew under that churn, then a key array and
-// a block array probed one after the other (BENCHMARKS.md has the figures).
+// and evict churn of the cache leaves no tombstones. A slot holds the full
+// hash, the block and the slot the probe starts from (its home), so a
+// probe never reads the block array.
+//
+// The home of block i of a request is not drawn from its own hash but from
+// the hash of the first block of its group of chainGroup (homeOf): the
+// blocks of one chain, which a request caches, evicts and looks up in
+// order, sit in consecutive slots, a few cache lines for a group instead of
+// one cache line each. The map is the same whatever the homes, as long as
+// every operation on a hash probes from the same home: lookups and inserts
+// derive it from the chain that led to the hash (equal hashes come from
+// equal token prefixes, so from equal chains: hash chaining, as vLLM
+// assumes of its own hashes), evictions from the home recorded in the
+// block. It replaced a Go map whose probe sequences grew under that churn,
+// then slots homed by their own hash (BENCHMARKS.md has the figures).
 type hashIndex struct {
-	slots []uint64
-	mask  uint64
+	slots []indexSlot
+	mask  uint32
 }
+
+type indexSlot struct {
+	hash  uint64 // 0: empty (no block hash is 0)
+	block int32
+	home  uint32
+}
+
+// chainGroup is how many consecutive blocks of a chain share a home run.
+const chainGroup = 8
 
 func newHashIndex(maxEntries int) hashIndex {
 	size := 16
 	for size < 2*maxEntries {
 		size *= 2
 	}
-	return hashIndex{slots: make([]uint64, size), mask: uint64(size - 1)}
+	return hashIndex{slots: make([]indexSlot, size), mask: uint32(size - 1)}
 }
 
-func indexSlot(key uint64, b int32) uint64 { return key&^(1<<32-1) | uint64(uint32(b+1)) }
-
-func slotBlock(s uint64) int32 { return int32(uint32(s)) - 1 }
+// homeOf is the home slot of block i of a chain whose block hashes are
+// hashes (at least i+1 of them).
+func (h *hashIndex) homeOf(hashes []uint64, i int) uint32 {
+	return (uint32(hashes[i&^(chainGroup-1)]>>32) + uint32(i&(chainGroup-1))) & h.mask
+}
 
 // find returns key's slot, or the empty slot where it would go.
-func (h *hashIndex) find(key uint64, blocks []kvBlock) uint64 {
-	tag := key >> 32
-	i := tag & h.mask
+func (h *hashIndex) find(key uint64, home uint32) uint32 {
+	i := home
 	for {
-		s := h.slots[i]
-		if s == 0 || s>>32 == tag && blocks[slotBlock(s)].hash == key {
+		if s := h.slots[i].hash; s == key || s == 0 {
 			return i
 		}
 		i = (i + 1) & h.mask
@@ -341,37 +360,37 @@ func (h *hashIndex) find(key uint64, blocks []kvBlock) uint64 {
 }
 
 // get returns the block of key, or noBlock.
-func (h *hashIndex) get(key uint64, blocks []kvBlock) int32 {
-	if s := h.slots[h.find(key, blocks)]; s != 0 {
-		return slotBlock(s)
+func (h *hashIndex) get(key uint64, home uint32) int32 {
+	if s := &h.slots[h.find(key, home)]; s.hash != 0 {
+		return s.block
 	}
 	return noBlock
 }
 
 // getOrSet returns key's block, first setting it to block if key is
-// absent. blocks[block].hash must already be key.
-func (h *hashIndex) getOrSet(key uint64, block int32, blocks []kvBlock) int32 {
-	i := h.find(key, blocks)
-	if h.slots[i] == 0 {
-		h.slots[i] = indexSlot(key, block)
-		return block
+// absent.
+func (h *hashIndex) getOrSet(key uint64, home uint32, block int32) int32 {
+	s := &h.slots[h.find(key, home)]
+	if s.hash == 0 {
+		*s = indexSlot{hash: key, block: block, home: home}
 	}
-	return slotBlock(h.slots[i])
+	return s.block
 }
 
 // removeIf returns key's block; if it is block, key now maps to next, or
 // is removed when next is noBlock.
-func (h *hashIndex) removeIf(key uint64, block, next int32, blocks []kvBlock) int32 {
-	i := h.find(key, blocks)
-	if h.slots[i] == 0 {
+func (h *hashIndex) removeIf(key uint64, home uint32, block, next int32) int32 {
+	i := h.find(key, home)
+	s := &h.slots[i]
+	if s.hash == 0 {
 		return noBlock
 	}
-	found := slotBlock(h.slots[i])
+	found := s.block
 	if found != block {
 		return found
 	}
 	if next != noBlock {
-		h.slots[i] = indexSlot(key, next)
+		s.block = next
 		return found
 	}
 	h.remove(i)
@@ -379,17 +398,16 @@ func (h *hashIndex) removeIf(key uint64, block, next int32, blocks []kvBlock) in
 }
 
 // remove empties slot i, shifting back the entries of its probe run.
-func (h *hashIndex) remove(i uint64) {
-	for j := (i + 1) & h.mask; h.slots[j] != 0; j = (j + 1) & h.mask {
+func (h *hashIndex) remove(i uint32) {
+	for j := (i + 1) & h.mask; h.slots[j].hash != 0; j = (j + 1) & h.mask {
 		// Move the entry at j back to the hole at i unless its home slot
 		// lies cyclically in (i, j].
-		home := h.slots[j] >> 32 & h.mask
-		if (j-home)&h.mask >= (j-i)&h.mask {
+		if home := h.slots[j].home; (j-home)&h.mask >= (j-i)&h.mask {
 			h.slots[i] = h.slots[j]
 			i = j
 		}
 	}
-	h.slots[i] = 0
+	h.slots[i] = indexSlot{}
 }
 
 // slicePool keeps the block tables and hash lists of finished requests for

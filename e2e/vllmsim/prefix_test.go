@@ -78,7 +78,7 @@ func checkPool(t *testing.T, r *Replica) {
 		}
 		if blk.hash != 0 && blk.flags&virtualBlock == 0 {
 			found := false
-			for c := p.byHash.get(blk.hash, p.blocks); c != noBlock; c = p.blocks[c].link {
+			for c := p.byHash.get(blk.hash, blk.home); c != noBlock; c = p.blocks[c].link {
 				found = found || c == int32(b)
 			}
 			require.True(t, found, "hashed block %d is reachable from the cache", b)
@@ -396,44 +396,44 @@ func TestHashIndexAgreesWithAMap(t *testing.T) {
 	rng := rand.New(rand.NewPCG(3, 4))
 	h := newHashIndex(200)
 	ref := map[uint64]int32{}
-	// An entry's block holds its hash, as in the pool; blocks not in use
-	// sit in spare.
-	blocks := make([]kvBlock, 1000)
+	// Blocks not in use sit in spare.
 	var spare []int32
-	for b := range blocks {
-		spare = append(spare, int32(b))
+	for b := range int32(1000) {
+		spare = append(spare, b)
 	}
-	take := func(k uint64) int32 {
+	take := func() int32 {
 		b := spare[len(spare)-1]
 		spare = spare[:len(spare)-1]
-		blocks[b].hash = k
 		return b
 	}
-	// Few distinct high halves (which pick the home slot and are the
-	// slot's tag) stress the probe runs and the full-hash check.
+	// Few distinct homes (the index takes them from the caller) stress the
+	// probe runs and the backward shift.
 	keys := make([]uint64, 300)
+	homes := map[uint64]uint32{}
 	for i := range keys {
-		keys[i] = uint64(rng.IntN(64))<<32 | uint64(rng.IntN(4))<<58 | uint64(rng.Uint32())
+		keys[i] = rng.Uint64() | 1
+		homes[keys[i]] = uint32(rng.IntN(64)) & h.mask
 	}
 	for range 100_000 {
 		k := keys[rng.IntN(len(keys))]
+		home := homes[k]
 		cur, present := ref[k]
 		switch op := rng.IntN(4); {
 		case op == 0 && present:
-			assert.Equal(t, cur, h.removeIf(k, cur, noBlock, blocks))
+			assert.Equal(t, cur, h.removeIf(k, home, cur, noBlock))
 			delete(ref, k)
 			spare = append(spare, cur)
 		case op == 1 && present:
-			next := take(k)
-			assert.Equal(t, cur, h.removeIf(k, cur, next, blocks), "moves to the next block of the hash")
+			next := take()
+			assert.Equal(t, cur, h.removeIf(k, home, cur, next), "moves to the next block of the hash")
 			ref[k] = next
 			spare = append(spare, cur)
 		case op == 2 && present:
 			other := spare[0]
-			assert.Equal(t, cur, h.removeIf(k, other, noBlock, blocks), "another block: nothing changes")
+			assert.Equal(t, cur, h.removeIf(k, home, other, noBlock), "another block: nothing changes")
 		case len(ref) < 200:
-			b := take(k)
-			got := h.getOrSet(k, b, blocks)
+			b := take()
+			got := h.getOrSet(k, home, b)
 			if present {
 				assert.Equal(t, cur, got)
 				spare = append(spare, b)
@@ -447,11 +447,11 @@ func TestHashIndexAgreesWithAMap(t *testing.T) {
 			if !ok {
 				want = noBlock
 			}
-			require.Equal(t, want, h.get(k, blocks))
+			require.Equal(t, want, h.get(k, homes[k]))
 		}
 	}
 	for k, b := range ref {
-		require.Equal(t, b, h.get(k, blocks))
+		require.Equal(t, b, h.get(k, homes[k]))
 	}
 }
 
@@ -492,7 +492,7 @@ func TestFreeQueueIsVLLMsQueue(t *testing.T) {
 			// Some full blocks get a hash (and are cached).
 			for _, b := range table[:rng.IntN(k+1)] {
 				nextHash += 2
-				p.cache(b, nextHash)
+				p.cache(b, nextHash, uint32(nextHash>>32)&p.byHash.mask)
 			}
 			tables = append(tables, table)
 		case op <= 3 && len(tables) > 0:

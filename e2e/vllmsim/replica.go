@@ -564,8 +564,8 @@ func (r *Replica) longestHit(s *Request, maxBlocks int, dst []int32) []int32 {
 	if s.salt != 0 {
 		return append(dst, s.table[:r.pool.virtualHits(s.table, s.salt, maxBlocks)]...)
 	}
-	for _, h := range s.hashes[:min(maxBlocks, len(s.hashes))] {
-		b := r.pool.byHash.get(h, r.pool.blocks)
+	for i, h := range s.hashes[:min(maxBlocks, len(s.hashes))] {
+		b := r.pool.byHash.get(h, r.pool.byHash.homeOf(s.hashes, i))
 		if b == noBlock {
 			break
 		}
@@ -583,8 +583,8 @@ func (r *Replica) hitBlocks(s *Request, maxBlocks int) int {
 		return r.pool.virtualHits(s.table, s.salt, maxBlocks)
 	}
 	n := 0
-	for _, h := range s.hashes[:min(maxBlocks, len(s.hashes))] {
-		if r.pool.byHash.get(h, r.pool.blocks) == noBlock {
+	for i, h := range s.hashes[:min(maxBlocks, len(s.hashes))] {
+		if r.pool.byHash.get(h, r.pool.byHash.homeOf(s.hashes, i)) == noBlock {
 			break
 		}
 		n++
@@ -900,7 +900,7 @@ func (r *Replica) cacheFullBlocks(s *Request, tokens int) {
 	} else {
 		full = min(full, len(s.hashes))
 		for i := s.cachedBlocks; i < full; i++ {
-			r.pool.cache(s.table[i], s.hashes[i])
+			r.pool.cache(s.table[i], s.hashes[i], r.pool.byHash.homeOf(s.hashes, i))
 		}
 	}
 	r.setCachedBlocks(s, max(s.cachedBlocks, full))
