@@ -395,7 +395,7 @@ func (m MultiTurn) newSource(rate float64, seed uint64) (source, error) {
 		return nil, err
 	}
 	s := &chatSource{cfg: m, starts: poisson{rng: rand.New(rand.NewPCG(seed, 0x5e55)), rate: rate / m.meanTurns()},
-		draws: rand.New(rand.NewPCG(seed, 0x7a1c))}
+		draws: rand.New(rand.NewPCG(seed, 0x7a1c)), turnTokens: int(1.25 * (m.User.Mean() + m.Output.Mean() + 6))}
 	s.nextStart = s.starts.next()
 	return s, nil
 }
@@ -420,6 +420,10 @@ type chatSource struct {
 	draws     *rand.Rand
 	followUps turnHeap
 	seq       int
+	// turnTokens is a generous mean of the tokens one turn adds to a
+	// history: a history gets room for all its turns at once, where
+	// growing it by appending cost (e) about 6% of its run time.
+	turnTokens int
 }
 
 // followUp is a conversation's next turn, due at at.
@@ -470,6 +474,7 @@ func (s *chatSource) take(a *arrival) {
 		c.history = append(c.history, tokTurnEnd)
 	} else {
 		c = &conversation{src: s, left: s.cfg.MinTurns + s.draws.IntN(s.cfg.MaxTurns-s.cfg.MinTurns+1)}
+		c.history = make([]uint32, 0, c.left*s.turnTokens)
 		at, opens = s.nextStart, true
 		s.nextStart = s.starts.next()
 	}
