@@ -99,3 +99,52 @@ func BenchmarkCacheRefresh(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkCacheRefreshPartial is a router's work to follow a relay that
+// carries every tenth agent (the rest unchanged): the segments those
+// agents are in are read again, and only their endpoints rewritten.
+func BenchmarkCacheRefreshPartial(b *testing.B) {
+	for _, n := range []int{1000, 5000} {
+		full := relayFleet(b, n, 2, 1)[0]
+		var d PushDecoder
+		agents := n / 2
+		part := AppendPushV2Header(nil, KindRelay, "agg-0", at(50*time.Millisecond), (agents+9)/10)
+		for a := 0; a < agents; a += 10 {
+			id := fmt.Sprintf("node-%05d", a)
+			p := agentPush(b, id, 2, at(50*time.Millisecond), agentState(id, 2, 9, at(50*time.Millisecond)))
+			v, err := d.Decode(p, Limits{})
+			if err != nil {
+				b.Fatal(err)
+			}
+			part = AppendRelayBlock(part, v.Blocks[0], 10*time.Millisecond)
+		}
+		b.Run(fmt.Sprintf("endpoints=%d", n), func(b *testing.B) {
+			var st [2]*MemStore
+			for j := range st {
+				st[j] = &MemStore{}
+				w := NewWriter(testKeys, Limits{}, time.Hour)
+				if err := w.Init(st[j]); err != nil {
+					b.Fatal(err)
+				}
+				if _, err := w.Apply(st[j], full, at(0)); err != nil {
+					b.Fatal(err)
+				}
+				if j == 1 {
+					if _, err := w.Apply(st[j], part, at(50*time.Millisecond)); err != nil {
+						b.Fatal(err)
+					}
+				}
+			}
+			c := NewCache(testKeys, Limits{})
+			i := 0
+			b.ReportAllocs()
+			for b.Loop() {
+				if _, _, err := c.Refresh(st[i%2]); err != nil {
+					b.Fatal(err)
+				}
+				i++
+			}
+			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N)/float64(n), "ns/endpoint")
+		})
+	}
+}

@@ -87,10 +87,12 @@ type segView struct {
 
 // blockRead is how a segment's block was read: its strings, and whether
 // it has the identity (sameID) and the adapter lists (refsSame) of the
-// block it replaced.
+// block it replaced, or is that very block (unchanged: same sequence,
+// receipt and held time; the receiver copies a block it keeps verbatim),
+// whose endpoints then need no rewrite.
 type blockRead struct {
-	strs             *blockStrings
-	sameID, refsSame bool
+	strs                        *blockStrings
+	sameID, refsSame, unchanged bool
 }
 
 // blockStrings are one block's strings, kept while its identity stays.
@@ -212,8 +214,15 @@ func (c *Cache) tellScheduler(identities bool) {
 		if !sv.changed {
 			continue
 		}
-		for i := sv.off; i < sv.off+sv.n; i++ {
-			c.snap.MetricsChanged(i)
+		i := sv.off
+		for bi := range sv.cur.Info {
+			n := sv.cur.Info[bi].Len
+			if !sv.strs[bi].unchanged {
+				for e := i; e < i+n; e++ {
+					c.snap.MetricsChanged(e)
+				}
+			}
+			i += n
 		}
 	}
 }
@@ -304,7 +313,9 @@ func (c *Cache) readSegment(st Store, k int, dirGen uint32) (moved, strs bool, e
 			}
 			kept++
 			n += bi.Len
-			sv.nextStrs = append(sv.nextStrs, blockRead{sv.strs[j].strs, true, refsSame})
+			o := &cur[j]
+			unchanged := refsSame && o.Seq == bi.Seq && o.Received == bi.Received && o.Held == bi.Held
+			sv.nextStrs = append(sv.nextStrs, blockRead{sv.strs[j].strs, true, refsSame, unchanged})
 			sv.kept[j] = true
 			continue
 		}
@@ -331,7 +342,7 @@ func (c *Cache) readSegment(st Store, k int, dirGen uint32) (moved, strs bool, e
 			c.stats.Rebuilds++
 			bs = &blockStrings{strs: blk.Strings(nil)}
 		}
-		sv.nextStrs = append(sv.nextStrs, blockRead{bs, false, false})
+		sv.nextStrs = append(sv.nextStrs, blockRead{bs, false, false, false})
 	}
 	sv.next.Blocks, sv.next.Info = sv.next.Blocks[:kept], next[:kept]
 	// The new value (without the blocks left out) becomes the segment's
@@ -409,6 +420,10 @@ func (c *Cache) materialize(k int, full bool) {
 	for bi, blk := range sv.cur.Blocks {
 		n := sv.cur.Info[bi].Len
 		if n == 0 {
+			continue
+		}
+		if !full && sv.strs[bi].unchanged {
+			i += n // the same block as before: its endpoints hold its values
 			continue
 		}
 		recv := sv.cur.Info[bi].Received

@@ -1,12 +1,16 @@
 package wire
 
 import (
+	"fmt"
 	"net/netip"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/wasm-epp/wasm-epp/scheduler"
 )
 
 func gateState() []EndpointState {
@@ -149,4 +153,69 @@ func TestSendGateHeartbeatZeroSendsAlways(t *testing.T) {
 	now := time.Unix(1_760_000_000, 0)
 	g.Sent(gateState(), now)
 	assert.Equal(t, Always, g.Due(gateState(), now))
+}
+
+// TestCacheRewritesOnlyChangedBlocks: when one agent of a segment pushes,
+// a router rewrites only that agent's endpoints; the segment's other
+// blocks are the same bytes and their endpoints keep what the router
+// holds for them (here the requests it routed since their last update).
+func TestCacheRewritesOnlyChangedBlocks(t *testing.T) {
+	var a, b string
+	for i := 0; b == ""; i++ {
+		id := fmt.Sprintf("node-%03d", i)
+		switch {
+		case a == "":
+			a = id
+		case SegmentOf([]byte(id)) == SegmentOf([]byte(a)):
+			b = id
+		}
+	}
+	st := &MemStore{}
+	w := NewWriter(testKeys, Limits{}, time.Hour)
+	require.NoError(t, w.Init(st))
+	apply := func(id string, seq uint64, marker uint32, d time.Duration) {
+		t.Helper()
+		_, err := w.Apply(st, agentPush(t, id, seq, at(d), agentState(id, 2, marker, at(d))), at(d))
+		require.NoError(t, err)
+	}
+	apply(a, 1, 3, 0)
+	apply(b, 1, 4, 0)
+	c := NewCache(testKeys, Limits{})
+	snap, _, err := c.Refresh(st)
+	require.NoError(t, err)
+	require.Len(t, snap.Endpoints, 4)
+	byAgent := func(snap *scheduler.Snapshot, id string) []*scheduler.Endpoint {
+		var out []*scheduler.Endpoint
+		for i := range snap.Endpoints {
+			if strings.HasPrefix(snap.Endpoints[i].ID.Name, id+"-") {
+				out = append(out, &snap.Endpoints[i])
+			}
+		}
+		return out
+	}
+	for _, e := range byAgent(snap, a) {
+		e.Metrics.RoutedSinceUpdate = 5
+	}
+	for _, e := range byAgent(snap, b) {
+		e.Metrics.RoutedSinceUpdate = 5
+	}
+	apply(a, 2, 9, 50*time.Millisecond)
+	snap, changed, err := c.Refresh(st)
+	require.NoError(t, err)
+	require.True(t, changed)
+	for _, e := range byAgent(snap, a) {
+		assert.Equal(t, 9, e.Metrics.WaitingQueueSize, "the agent that pushed: new values")
+		assert.Zero(t, e.Metrics.RoutedSinceUpdate, "rewritten")
+	}
+	for _, e := range byAgent(snap, b) {
+		assert.Equal(t, 4, e.Metrics.WaitingQueueSize)
+		assert.Equal(t, 5, e.Metrics.RoutedSinceUpdate, "the same block: not rewritten")
+	}
+	// A fresh cache reads the same values.
+	fresh := snapshotOf(t, st)
+	for i := range fresh.Endpoints {
+		got := snap.Endpoints[i].Metrics
+		got.RoutedSinceUpdate = 0
+		assert.Equal(t, fresh.Endpoints[i].Metrics, got)
+	}
 }
