@@ -72,32 +72,37 @@ func BenchmarkCacheRefresh(b *testing.B) {
 	for _, n := range []int{100, 1000, 5000} {
 		pushes := relayFleet(b, n, 2, 2)
 		b.Run(fmt.Sprintf("endpoints=%d", n), func(b *testing.B) {
-			// Two stores holding consecutive states; the cache alternates.
-			var st [2]*MemStore
-			for j := range st {
-				st[j] = &MemStore{}
-				w := NewWriter(testKeys, Limits{}, time.Hour)
-				if err := w.Init(st[j]); err != nil {
-					b.Fatal(err)
-				}
-				for k := 0; k <= j; k++ {
-					if _, err := w.Apply(st[j], pushes[k], at(time.Duration(k)*50*time.Millisecond)); err != nil {
-						b.Fatal(err)
-					}
-				}
-			}
-			c := NewCache(testKeys, Limits{})
-			i := 0
-			b.ReportAllocs()
-			for b.Loop() {
-				if _, _, err := c.Refresh(st[i%2]); err != nil {
-					b.Fatal(err)
-				}
-				i++
-			}
-			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N)/float64(n), "ns/endpoint")
+			benchAlternatingRefresh(b, n, [2][][]byte{pushes[:1], pushes[:2]})
 		})
 	}
+}
+
+// benchAlternatingRefresh measures a cache alternating between two stores,
+// each holding states[j] applied in turn 50 ms apart.
+func benchAlternatingRefresh(b *testing.B, n int, states [2][][]byte) {
+	var st [2]*MemStore
+	for j := range st {
+		st[j] = &MemStore{}
+		w := NewWriter(testKeys, Limits{}, time.Hour)
+		if err := w.Init(st[j]); err != nil {
+			b.Fatal(err)
+		}
+		for k, p := range states[j] {
+			if _, err := w.Apply(st[j], p, at(time.Duration(k)*50*time.Millisecond)); err != nil {
+				b.Fatal(err)
+			}
+		}
+	}
+	c := NewCache(testKeys, Limits{})
+	i := 0
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, _, err := c.Refresh(st[i%2]); err != nil {
+			b.Fatal(err)
+		}
+		i++
+	}
+	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N)/float64(n), "ns/endpoint")
 }
 
 // BenchmarkCacheRefreshPartial is a router's work to follow a relay that
@@ -119,32 +124,7 @@ func BenchmarkCacheRefreshPartial(b *testing.B) {
 			part = AppendRelayBlock(part, v.Blocks[0], 10*time.Millisecond)
 		}
 		b.Run(fmt.Sprintf("endpoints=%d", n), func(b *testing.B) {
-			var st [2]*MemStore
-			for j := range st {
-				st[j] = &MemStore{}
-				w := NewWriter(testKeys, Limits{}, time.Hour)
-				if err := w.Init(st[j]); err != nil {
-					b.Fatal(err)
-				}
-				if _, err := w.Apply(st[j], full, at(0)); err != nil {
-					b.Fatal(err)
-				}
-				if j == 1 {
-					if _, err := w.Apply(st[j], part, at(50*time.Millisecond)); err != nil {
-						b.Fatal(err)
-					}
-				}
-			}
-			c := NewCache(testKeys, Limits{})
-			i := 0
-			b.ReportAllocs()
-			for b.Loop() {
-				if _, _, err := c.Refresh(st[i%2]); err != nil {
-					b.Fatal(err)
-				}
-				i++
-			}
-			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N)/float64(n), "ns/endpoint")
+			benchAlternatingRefresh(b, n, [2][][]byte{{full}, {full, part}})
 		})
 	}
 }
