@@ -184,7 +184,7 @@ func Run(ctx context.Context, cfg RunConfig) (*Result, error) {
 	token, push, client := gw.Stack.Token(), gw.Stack.PushURL(), gw.Stack.ClientURL()
 
 	configURL := push[:strings.Index(push[len("http://"):], "/")+len("http://")] + wire.ConfigPath
-	probeEvents := make(chan ProbeEvent, 4)
+	probeEvents := make(chan ProbeEvent, 64)
 	pushStats, configStats := &PushStats{}, &PushStats{}
 	loadStats := &LoadStats{}
 	probe := &Probe{}
@@ -219,7 +219,10 @@ func Run(ctx context.Context, cfg RunConfig) (*Result, error) {
 					Change: cfg.Change, Send: cfg.Send, Probe: probeEvents, Stats: pushStats})
 			}
 		}()
-		go func() { defer pushWG.Done(); probe.Run(pctx, client, probeEvents, time.Millisecond) }()
+		go func() {
+			defer pushWG.Done()
+			probe.Run(pctx, client, probeEvents, time.Millisecond, probeKeep*cfg.Interval)
+		}()
 	}
 	startLoad := func() {
 		lctx, cancel := context.WithCancel(ctx)

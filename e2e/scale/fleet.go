@@ -14,10 +14,10 @@ import (
 type Fleet struct {
 	Agents []*Agent
 	// Probe, when set, is the agent whose one endpoint (ProbeName)
-	// reports one running adapter, named after the probe epoch of its
-	// scrape (ProbeAdapter), and no free adapter slot: a request for that
-	// adapter lands on it only once a router has seen a push carrying it
-	// (see Probe).
+	// reports a new running adapter every scrape, named after the scrape's
+	// sequence (Agent.ProbeAdapter), keeps the last probeKeep of them, and
+	// has no free adapter slot: a request for one of them lands on it only
+	// once a router has seen a push carrying it (see Probe).
 	Probe *Agent
 }
 
@@ -36,9 +36,20 @@ type Agent struct {
 // ProbeName is the probe endpoint's name.
 const ProbeName = "probe"
 
-// ProbeAdapter is the adapter the probe endpoint reports for a scrape at t:
-// it changes every probeEpoch, so a prober has that long to see it.
-func ProbeAdapter(t time.Time) string { return fmt.Sprintf("probe-%d", t.UnixNano()/int64(probeEpoch)) }
+// probeKeep is how many scrapes' adapters the probe endpoint keeps
+// running: at a 50 ms interval a prober has 1.6 s to see each (Probe
+// counts one not seen by then as missed).
+const probeKeep = 32
+
+// ProbeAdapter is the newest adapter the probe endpoint reports: the one
+// named after its last scrape ("" for an agent that is not the probe).
+func (a *Agent) ProbeAdapter() string {
+	if len(a.Eps) != 1 || a.Eps[0].Name != ProbeName || len(a.Eps[0].ActiveAdapters) == 0 {
+		return ""
+	}
+	ads := a.Eps[0].ActiveAdapters
+	return ads[len(ads)-1]
+}
 
 // adapters is the pool the simulated endpoints draw their LoRA adapters from.
 var adapters = func() []string {
@@ -90,7 +101,10 @@ func NewFleet(endpoints, perNode int, port uint16, seed uint64, probe bool) *Fle
 	}
 	if probe {
 		f.Probe = &Agent{ID: "probe-agent", Seq: uint64(time.Now().UnixNano()), rng: rand.New(rand.NewPCG(seed, 1<<40)), serves: [][]string{nil},
-			Eps: []wire.EndpointState{{Namespace: "llm", Name: ProbeName, Address: netip.AddrFrom4([4]byte{127, 254, 254, 254}), Port: port, MaxAdapters: 1}}}
+			Eps: []wire.EndpointState{{Namespace: "llm", Name: ProbeName, Address: netip.AddrFrom4([4]byte{127, 254, 254, 254}), Port: port, MaxAdapters: probeKeep}}}
+		for i := 0; i < probeKeep; i++ {
+			f.Probe.Step(now, 1) // every adapter slot taken from the start
+		}
 		f.Agents = append(f.Agents, f.Probe)
 	}
 	return f
@@ -109,14 +123,19 @@ func (f *Fleet) Endpoints() int {
 // each endpoint's queue, running count and KV-cache use move (a busy fleet
 // moves every scrape), and one scrape in five its running adapters (drawn
 // from those it serves); the sequence grows.
-// The probe reports ProbeAdapter(now).
+// The probe adds an adapter named after the new sequence (names sort in
+// the order they came, as the wire keeps adapter lists sorted) and drops
+// its oldest beyond probeKeep.
 func (a *Agent) Step(now time.Time, change float64) {
 	a.Seq++
 	for i := range a.Eps {
 		e := &a.Eps[i]
 		e.ScrapeTime = now
 		if a.Eps[i].Name == ProbeName {
-			e.ActiveAdapters = append(e.ActiveAdapters[:0], ProbeAdapter(now))
+			if len(e.ActiveAdapters) == probeKeep {
+				e.ActiveAdapters = append(e.ActiveAdapters[:0], e.ActiveAdapters[1:]...)
+			}
+			e.ActiveAdapters = append(e.ActiveAdapters, fmt.Sprintf("probe-%020d", a.Seq))
 			continue
 		}
 		if a.rng.Float64() >= change {

@@ -124,10 +124,16 @@ func RunLoad(ctx context.Context, url, model string, rate float64, conns int, st
 	}
 }
 
-// Probe measures staleness: for each probe event it polls the router for
-// the probe's adapter every pollEvery until a response names the probe
-// endpoint, and records how long after the push was sent that was. An
-// event not seen within the probe epoch counts as missed.
+// Probe measures staleness: the probe endpoint reports a new adapter with
+// every push (Fleet.Probe), each push's adapter arrives as an event, and
+// the prober polls the router continuously for the oldest adapter not yet
+// seen until a response names the probe endpoint, recording how long
+// after the push was sent that response came (an upper bound: the push
+// became visible between the previous poll's decision and this one's;
+// a poll is one request through the gateway, 1-5 ms here). The next
+// adapter is polled for at once, so the pushes that became visible
+// together are all recorded. An event not seen within probeKeep pushes
+// (its adapter is gone by then) counts as missed.
 type Probe struct {
 	mu     sync.Mutex
 	lags   []time.Duration
@@ -139,7 +145,7 @@ type Probe struct {
 // Enable turns the polling on or off (events are consumed either way).
 func (p *Probe) Enable(on bool) { p.on.Store(on) }
 
-// Lags returns the measured staleness values and the misses.
+// Lags returns the measured staleness values, the misses and the polls.
 func (p *Probe) Lags() ([]time.Duration, int, int) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -153,41 +159,61 @@ func (p *Probe) Reset() {
 	p.mu.Unlock()
 }
 
-// Run consumes events until ctx ends.
-func (p *Probe) Run(ctx context.Context, url string, events <-chan ProbeEvent, pollEvery time.Duration) {
-	c := newRequestClient(2)
+// Run consumes events until ctx ends, polling every pollEvery while an
+// event waits to be seen. An event waits at most horizon (the time the
+// probe keeps its adapter running).
+func (p *Probe) Run(ctx context.Context, url string, events <-chan ProbeEvent, pollEvery, horizon time.Duration) {
+	c := newRequestClient(1)
 	defer c.CloseIdleConnections()
 	want := "llm/" + ProbeName
-	for {
-		var ev ProbeEvent
-		select {
-		case <-ctx.Done():
-			return
-		case ev = <-events:
+	var pending []ProbeEvent
+	take := func(ev ProbeEvent) {
+		if p.on.Load() {
+			pending = append(pending, ev)
+		} else {
+			pending = pending[:0]
 		}
-		if !p.on.Load() {
+	}
+	for ctx.Err() == nil {
+		if len(pending) == 0 {
+			select {
+			case <-ctx.Done():
+				return
+			case ev := <-events:
+				take(ev)
+			}
 			continue
 		}
-		deadline := ev.Sent.Add(probeEpoch)
-		seen := false
-		for time.Now().Before(deadline) && ctx.Err() == nil {
-			code, by, err := send(ctx, c, url, ev.Adapter)
-			p.mu.Lock()
-			p.polls++
-			p.mu.Unlock()
-			if err == nil && code == http.StatusOK && by == want {
-				p.mu.Lock()
-				p.lags = append(p.lags, time.Since(ev.Sent))
-				p.mu.Unlock()
-				seen = true
-				break
+	drain:
+		for {
+			select {
+			case ev := <-events:
+				take(ev)
+			default:
+				break drain
 			}
-			time.Sleep(pollEvery)
 		}
-		if !seen && ctx.Err() == nil {
+		if len(pending) == 0 {
+			continue
+		}
+		ev := pending[0]
+		if time.Since(ev.Sent) > horizon {
 			p.mu.Lock()
 			p.missed++
 			p.mu.Unlock()
+			pending = pending[1:]
+			continue
 		}
+		code, by, err := send(ctx, c, url, ev.Adapter)
+		p.mu.Lock()
+		p.polls++
+		if err == nil && code == http.StatusOK && by == want {
+			p.lags = append(p.lags, time.Since(ev.Sent))
+			pending = pending[1:]
+			p.mu.Unlock()
+			continue
+		}
+		p.mu.Unlock()
+		time.Sleep(pollEvery)
 	}
 }

@@ -52,10 +52,6 @@ type ProbeEvent struct {
 	Sent    time.Time
 }
 
-// probeEpoch is how long the probe keeps one adapter: a prober must find a
-// push visible before the next epoch replaces it.
-const probeEpoch = 500 * time.Millisecond
-
 // poster sends pushes over kept-alive connections.
 type poster struct {
 	client *http.Client
@@ -169,8 +165,8 @@ func RunDirect(ctx context.Context, f *Fleet, o DirectOptions) {
 				if buf, err = a.Push(buf[:0], o.Version, now); err != nil {
 					panic(err) // the fleet only holds valid states
 				}
-				if a == f.Probe && o.Probe != nil && a.Eps[0].ActiveAdapters[0] != lastAdapter {
-					lastAdapter = a.Eps[0].ActiveAdapters[0]
+				if a == f.Probe && o.Probe != nil && a.ProbeAdapter() != lastAdapter {
+					lastAdapter = a.ProbeAdapter()
 					select {
 					case o.Probe <- ProbeEvent{Adapter: lastAdapter, Sent: now}:
 					default:
@@ -268,8 +264,8 @@ func RunRelay(ctx context.Context, f *Fleet, o RelayOptions) {
 				panic(err)
 			}
 			c.block, c.sent = b, at
-			if c.a == f.Probe && o.Probe != nil && c.a.Eps[0].ActiveAdapters[0] != lastAdapter {
-				lastAdapter = c.a.Eps[0].ActiveAdapters[0]
+			if c.a == f.Probe && o.Probe != nil && c.a.ProbeAdapter() != lastAdapter {
+				lastAdapter = c.a.ProbeAdapter()
 				select {
 				case o.Probe <- ProbeEvent{Adapter: lastAdapter, Sent: at}:
 				default:
