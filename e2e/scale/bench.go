@@ -108,6 +108,7 @@ type Window struct {
 	// Staleness probes (push sent -> visible to a router).
 	Lags          []time.Duration
 	Missed, Polls int
+	PollTime      time.Duration // the polls' mean round trip
 	RSS           int64
 	GuestMemory   int64
 	// Memory samples over the window (RunConfig.Sample).
@@ -348,6 +349,7 @@ func measure(ctx context.Context, gw *Gateway, ph Phase, d, sample time.Duration
 	w.Contention = b.stats.Delta(a.stats, "wasm_epp.receiver.contention")
 	w.GuestMemory = b.stats.Values["wasm_epp.vm.memory_bytes"]
 	w.Lags, w.Missed, w.Polls = probe.Lags()
+	w.PollTime = probe.PollTime()
 	w.RSS, _ = gw.RSS()
 	w.Memory = mem
 	return w, nil

@@ -130,7 +130,8 @@ func RunLoad(ctx context.Context, url, model string, rate float64, conns int, st
 // seen until a response names the probe endpoint, recording how long
 // after the push was sent that response came (an upper bound: the push
 // became visible between the previous poll's decision and this one's;
-// a poll is one request through the gateway, 1-5 ms here). The next
+// a poll is one request through the gateway, whose mean round trip
+// PollTime tells). The next
 // adapter is polled for at once, so the pushes that became visible
 // together are all recorded. An event not seen within probeKeep pushes
 // (its adapter is gone by then) counts as missed.
@@ -139,7 +140,18 @@ type Probe struct {
 	lags   []time.Duration
 	missed int
 	polls  int
+	polled time.Duration // the polls' round trips, together
 	on     atomic.Bool
+}
+
+// PollTime is the polls' mean round trip: the probe's resolution.
+func (p *Probe) PollTime() time.Duration {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.polls == 0 {
+		return 0
+	}
+	return p.polled / time.Duration(p.polls)
 }
 
 // Enable turns the polling on or off (events are consumed either way).
@@ -155,7 +167,7 @@ func (p *Probe) Lags() ([]time.Duration, int, int) {
 // Reset forgets what was measured (a new window).
 func (p *Probe) Reset() {
 	p.mu.Lock()
-	p.lags, p.missed, p.polls = nil, 0, 0
+	p.lags, p.missed, p.polls, p.polled = nil, 0, 0, 0
 	p.mu.Unlock()
 }
 
@@ -204,9 +216,11 @@ func (p *Probe) Run(ctx context.Context, url string, events <-chan ProbeEvent, p
 			pending = pending[1:]
 			continue
 		}
+		start := time.Now()
 		code, by, err := send(ctx, c, url, ev.Adapter)
 		p.mu.Lock()
 		p.polls++
+		p.polled += time.Since(start)
 		if err == nil && code == http.StatusOK && by == want {
 			p.lags = append(p.lags, time.Since(ev.Sent))
 			pending = pending[1:]

@@ -197,7 +197,7 @@ func report(r *scale.Result) {
 		}
 		if len(w.Lags) > 0 || w.Missed > 0 {
 			p := scale.Percentiles(w.Lags, 0.5, 0.99)
-			line += fmt.Sprintf("  staleness p50 %v p99 %v (n=%d, missed %d, %d polls)", p[0].Round(100*time.Microsecond), p[1].Round(100*time.Microsecond), len(w.Lags), w.Missed, w.Polls)
+			line += fmt.Sprintf("  staleness p50 %v p99 %v (n=%d, missed %d, %d polls of %v)", p[0].Round(100*time.Microsecond), p[1].Round(100*time.Microsecond), len(w.Lags), w.Missed, w.Polls, w.PollTime.Round(100*time.Microsecond))
 		}
 		line += fmt.Sprintf("  rss %d MiB", w.RSS>>20)
 		if w.GuestMemory > 0 {
