@@ -5,11 +5,11 @@ package proxywasm
 import "runtime"
 
 // yieldEvery is how many outermost callbacks a VM runs between two turns
-// of the Go scheduler. A turn when nothing else is runnable costs the
-// guest about 8,500 instructions; every 16th callback (two or three
-// requests) is ~1 % of a routed request, and enough turns for the
-// collector to finish each cycle (BENCHMARKS.md, "Guest memory: the
-// soak").
+// of the Go scheduler. A turn at every callback cost a routed request 18 %
+// more guest instructions (about 8,500 a callback, the collections it let
+// finish included); every 16th (every two or three requests) costs
+// 1.3-1.4 % and gives the collector enough turns to finish each cycle
+// (BENCHMARKS.md, "Guest memory: the soak").
 const yieldEvery = 16
 
 // schedTurns gives the Go scheduler a turn at the end of every yieldEvery-th
