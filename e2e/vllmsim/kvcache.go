@@ -97,11 +97,11 @@ func newBlockPool(n int, caching bool) blockPool {
 // its tail (appended on free), and loses blocks at its head (allocation)
 // or, for blocks with a hash only, anywhere (a hit on a free block). So the
 // queue is exactly the stack of the prepended blocks, most recent first,
-// then the appended ones in order; a hit leaves a hole in the FIFO that
-// the head skips (a block's entry counts only while its fifoSeq names it).
-// Allocating thus reads block ids in order instead of chasing links from
-// block to block, and a block entry is 8 bytes smaller (BENCHMARKS.md,
-// "Replica-model speed work").
+// then the appended ones in order; a hit leaves a hole in the FIFO (the
+// block's entry, found through its fifoSeq, becomes noBlock) that the head
+// skips. Allocating thus reads block ids in order instead of chasing links
+// from block to block, and skips holes without reading the block array
+// (BENCHMARKS.md, "Replica-model speed work").
 
 // pushBack appends block b (with a hash) to the free queue.
 func (p *blockPool) pushBack(b int32) {
@@ -125,12 +125,6 @@ func (p *blockPool) pushFront(b int32) {
 
 func (p *blockPool) isFree(b int32) bool { return p.blocks[b].flags&(inFIFO|inStack) != 0 }
 
-// validEntry reports whether the FIFO entry at seq is block b's place.
-func (p *blockPool) validEntry(b int32, seq uint64) bool {
-	blk := &p.blocks[b]
-	return blk.flags&inFIFO != 0 && blk.fifoSeq == uint32(seq)
-}
-
 // popFront takes the head of the free queue; the caller has checked that
 // it is not empty.
 func (p *blockPool) popFront() int32 {
@@ -145,7 +139,7 @@ func (p *blockPool) popFront() int32 {
 		seq := p.fifoHead
 		b := p.fifo[seq&p.fifoMask]
 		p.fifoHead++
-		if p.validEntry(b, seq) {
+		if b != noBlock {
 			p.blocks[b].flags &^= inFIFO
 			return b
 		}
@@ -160,6 +154,7 @@ func (p *blockPool) unlink(b int32) {
 		panic("vllmsim: unlinking a block that is not in the free queue's FIFO")
 	}
 	blk.flags &^= inFIFO
+	p.fifo[uint64(blk.fifoSeq)&p.fifoMask] = noBlock
 	p.free--
 }
 
@@ -169,7 +164,7 @@ func (p *blockPool) unlink(b int32) {
 func (p *blockPool) compactFIFO() {
 	w := p.fifoHead
 	for seq := p.fifoHead; seq < p.fifoTail; seq++ {
-		if b := p.fifo[seq&p.fifoMask]; p.validEntry(b, seq) {
+		if b := p.fifo[seq&p.fifoMask]; b != noBlock {
 			p.fifo[w&p.fifoMask] = b
 			p.blocks[b].fifoSeq = uint32(w)
 			w++

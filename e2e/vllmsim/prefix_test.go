@@ -96,7 +96,10 @@ func freeQueue(p *blockPool) []int32 {
 		q = append(q, p.stack[i])
 	}
 	for seq := p.fifoHead; seq < p.fifoTail; seq++ {
-		if b := p.fifo[seq&p.fifoMask]; p.validEntry(b, seq) {
+		if b := p.fifo[seq&p.fifoMask]; b != noBlock {
+			if blk := &p.blocks[b]; blk.flags&inFIFO == 0 || blk.fifoSeq != uint32(seq) {
+				panic("vllmsim test: a FIFO entry that is not its block's place")
+			}
 			q = append(q, b)
 		}
 	}
