@@ -84,7 +84,7 @@ func (c IndexConfig) Validate() error {
 // buckets is the largest power of two of buckets within both bounds.
 func (c IndexConfig) buckets() int {
 	b := c.MaxEntries / c.BucketEntries
-	for b > 0 && b*(bucketBytes(c.BucketEntries)+4)+dirHeader > c.MaxBytes {
+	for b > 0 && b*(bucketBytes(c.BucketEntries)+4)+dirHeader+genBytes > c.MaxBytes {
 		b /= 2
 	}
 	if b == 0 {
@@ -93,8 +93,11 @@ func (c IndexConfig) buckets() int {
 	return 1 << (bits.Len(uint(b)) - 1)
 }
 
-// Layout (keys "<prefix>v2.prefix.dir" and "<prefix>v2.prefix.<bucket>",
-// the shared-data layout reserves for the index): every value starts
+// Layout (keys "<prefix>v2.prefix.dir", "<prefix>v2.prefix.gen" and
+// "<prefix>v2.prefix.<bucket>", the shared-data layout reserves for the
+// index): the generation is 8 bytes, the magic then a little-endian uint32
+// raised by one after every directory write, so that a VM reads the
+// directory only when it changed; every other value starts
 // with a 4-byte magic, then a little-endian uint32 version. A bucket then
 // has uint16 capacity, uint16 count, uint32 bucket count, and capacity
 // entries of 16 bytes: block hash (uint64),
@@ -111,6 +114,7 @@ const (
 var (
 	bucketMagic = [4]byte{'W', 'P', 'B', '1'}
 	dirMagic    = [4]byte{'W', 'P', 'D', '1'}
+	genMagic    = [4]byte{'W', 'P', 'G', '1'}
 )
 
 func bucketBytes(entries int) int { return bucketHeader + entries*entryBytes }
@@ -159,6 +163,9 @@ type Stats struct {
 	// Fetched counts buckets read from the store because another VM
 	// changed them; FetchedBytes their bytes (directory reads included).
 	Fetched, FetchedBytes int64
+	// DirectoryReads counts the directory reads: a Sync reads it only
+	// when the generation moved since this VM last read it.
+	DirectoryReads int64
 	// StoreErrors counts store calls that failed other than by CAS.
 	StoreErrors int64
 }
@@ -184,13 +191,19 @@ type op struct {
 //
 // An Index is not safe for concurrent use (one per VM, single-threaded).
 type Index struct {
-	cfg     IndexConfig
-	store   Store
-	nb      int
-	mask    uint64
-	bsize   int
-	keys    []string
-	dirKey  string
+	cfg    IndexConfig
+	store  Store
+	nb     int
+	mask   uint64
+	bsize  int
+	keys   []string
+	dirKey string
+	genKey string
+	// seenGen is the generation this VM's copy reflects (haveGen: one
+	// was read); genBuf receives the generation value.
+	seenGen uint32
+	haveGen bool
+	genBuf  []byte
 	local   []byte
 	ver     []uint32
 	pending []op
@@ -198,6 +211,10 @@ type Index struct {
 	dirBuf  []byte
 	touched []uint32
 	stats   Stats
+	// entries counts the entries in the local copy, kept as buckets
+	// change: counting them (thousands of buckets) on every tick cost
+	// more than the rest of the tick in a Wasm guest.
+	entries int
 }
 
 // NewIndex returns an Index over store (nil: a private MemStore, an index
@@ -217,6 +234,8 @@ func NewIndex(cfg IndexConfig, store Store) (*Index, error) {
 		x.keys[i] = fmt.Sprintf("%sv2.prefix.%d", cfg.KeyPrefix, i)
 	}
 	x.dirKey = cfg.KeyPrefix + "v2.prefix.dir"
+	x.genKey = cfg.KeyPrefix + "v2.prefix.gen"
+	x.genBuf = make([]byte, 0, 16)
 	x.local = make([]byte, nb*x.bsize)
 	for i := range nb {
 		x.initBucket(x.localBucket(i))
@@ -234,7 +253,7 @@ func (x *Index) Config() IndexConfig { return x.cfg }
 // the bytes kept in the store.
 func (x *Index) Buckets() int  { return x.nb }
 func (x *Index) Capacity() int { return x.nb * x.cfg.BucketEntries }
-func (x *Index) Bytes() int    { return x.nb*x.bsize + dirHeader + 4*x.nb }
+func (x *Index) Bytes() int    { return x.nb*x.bsize + dirHeader + 4*x.nb + genBytes }
 
 // Stats returns the counters.
 func (x *Index) Stats() Stats { return x.stats }
@@ -251,13 +270,38 @@ func (x *Index) initBucket(b []byte) {
 	binary.LittleEndian.PutUint32(b[12:], uint32(x.nb))
 }
 
-// Entries counts the entries in this VM's copy.
-func (x *Index) Entries() int {
+// Entries is the number of entries in this VM's copy.
+func (x *Index) Entries() int { return x.entries }
+
+// countEntries counts the entries of the local copy bucket by bucket
+// (tests check Entries against it).
+func (x *Index) countEntries() int {
 	n := 0
 	for i := range x.nb {
-		n += int(binary.LittleEndian.Uint16(x.localBucket(i)[10:]))
+		n += bucketCount(x.localBucket(i))
 	}
 	return n
+}
+
+func bucketCount(b []byte) int { return int(binary.LittleEndian.Uint16(b[10:])) }
+
+// setLocal replaces local bucket i with b (a valid bucket).
+func (x *Index) setLocal(i int, b []byte) {
+	l := x.localBucket(i)
+	x.entries += bucketCount(b) - bucketCount(l)
+	copy(l, b)
+}
+
+// applyLocal applies o to local bucket i.
+func (x *Index) applyLocal(i int, o op) int {
+	res := x.apply(x.localBucket(i), o)
+	switch res {
+	case applyAdded:
+		x.entries++
+	case applyForgot:
+		x.entries--
+	}
+	return res
 }
 
 // Positions returns how many positions of a prompt of n blocks are
@@ -383,7 +427,7 @@ func (x *Index) Forget(blocks []uint64, ep uint32, from int, before time.Time) {
 
 func (x *Index) write(o op) {
 	o.bucket = uint32(o.hash & x.mask)
-	switch x.apply(x.localBucket(int(o.bucket)), o) {
+	switch x.applyLocal(int(o.bucket), o) {
 	case applyNone:
 		// Nothing to tell the others: this VM's copy already says it (a
 		// refresh within one stamp, or a forget of what is gone).
@@ -493,9 +537,21 @@ func (x *Index) validBucket(b []byte) bool {
 // maxCASRetries bounds the attempts at one bucket or the directory per Sync.
 const maxCASRetries = 4
 
+// retryAfter counts a failed CAS write: true (retry) when another VM wrote
+// first, false for any other store error.
+func (x *Index) retryAfter(err error) bool {
+	if errors.Is(err, ErrCASMismatch) {
+		x.stats.CASRetries++
+		return true
+	}
+	x.stats.StoreErrors++
+	return false
+}
+
 // Sync writes this VM's pending writes into the store, then re-reads every
 // bucket another VM changed since the last Sync. The plugin calls it from
-// its tick; the cost is one directory read plus one read and write per
+// its tick; the cost is one read of the 8-byte generation, plus, when
+// another VM wrote since, one directory read, and one read and write per
 // bucket that changed.
 func (x *Index) Sync() {
 	x.flush()
@@ -562,7 +618,7 @@ func (x *Index) writeBucket(bi int, ops []op) (uint32, bool) {
 			// The store already holds all of it: nothing to write and
 			// nothing for the others to fetch (0: no directory update).
 			if cas != 0 {
-				copy(x.localBucket(bi), b)
+				x.setLocal(bi, b)
 				x.ver[bi] = binary.LittleEndian.Uint32(b[4:])
 			}
 			return 0, true
@@ -572,15 +628,13 @@ func (x *Index) writeBucket(bi int, ops []op) (uint32, bool) {
 		err = x.store.Set(key, b, cas)
 		if err == nil {
 			x.stats.Flushes++
-			copy(x.localBucket(bi), b)
+			x.setLocal(bi, b)
 			x.ver[bi] = ver
 			return ver, true
 		}
-		if !errors.Is(err, ErrCASMismatch) {
-			x.stats.StoreErrors++
+		if !x.retryAfter(err) {
 			return 0, false
 		}
-		x.stats.CASRetries++
 	}
 	return 0, false
 }
@@ -612,16 +666,67 @@ func (x *Index) writeDirectory() {
 		binary.LittleEndian.PutUint32(d[4:], binary.LittleEndian.Uint32(d[4:])+1)
 		err = x.store.Set(x.dirKey, d, cas)
 		if err == nil {
+			x.raiseGeneration()
 			return
 		}
-		if !errors.Is(err, ErrCASMismatch) {
-			x.stats.StoreErrors++
+		if !x.retryAfter(err) {
 			return
 		}
-		x.stats.CASRetries++
 	}
 	// The buckets are written; other VMs see them once a later directory
 	// write of any VM carries a version at least as high.
+	x.stats.DroppedWrites++
+}
+
+const genBytes = 8
+
+// readGeneration returns the stored generation (0 when missing or not
+// of this layout: a later directory write replaces it).
+func (x *Index) readGeneration() (gen, cas uint32, err error) {
+	g, cas, err := x.store.Get(x.genKey, x.genBuf)
+	if cap(g) > cap(x.genBuf) {
+		x.genBuf = g[:0]
+	}
+	switch {
+	case errors.Is(err, ErrNotFound):
+		return 0, 0, nil
+	case err != nil:
+		x.stats.StoreErrors++
+		return 0, 0, err
+	case len(g) != genBytes || [4]byte(g[:4]) != genMagic:
+		return 0, cas, nil
+	}
+	return binary.LittleEndian.Uint32(g[4:]), cas, nil
+}
+
+// raiseGeneration adds one to the generation after a directory write, so
+// that every VM's next Sync reads the directory. It is a CAS increment,
+// so a generation never repeats: a VM that saw generation g and sees g
+// again knows that no directory write finished in between. This VM's own
+// write needs no read back when nobody else wrote since its last fetch
+// (the generation was still the one it had seen).
+func (x *Index) raiseGeneration() {
+	for range maxCASRetries {
+		g, cas, err := x.readGeneration()
+		if err != nil {
+			return
+		}
+		var b [genBytes]byte
+		copy(b[:], genMagic[:])
+		binary.LittleEndian.PutUint32(b[4:], g+1)
+		err = x.store.Set(x.genKey, b[:], cas)
+		if err == nil {
+			if x.haveGen && g == x.seenGen {
+				x.seenGen = g + 1
+			}
+			return
+		}
+		if !x.retryAfter(err) {
+			return
+		}
+	}
+	// Not raised: the directory holds the writes, and the others read
+	// them once any later directory write raises the generation.
 	x.stats.DroppedWrites++
 }
 
@@ -638,14 +743,25 @@ func (x *Index) validDirectory(d []byte) bool {
 }
 
 // fetch re-reads the buckets whose directory version differs from this
-// VM's copy.
+// VM's copy, when the generation moved since this VM last read the
+// directory (the generation is read first: a directory write that ends
+// after it raises it again, and the next fetch reads it).
 func (x *Index) fetch() {
+	gen, _, err := x.readGeneration()
+	if err != nil {
+		return
+	}
+	if x.haveGen && gen == x.seenGen {
+		return
+	}
+	x.stats.DirectoryReads++
 	d, _, err := x.store.Get(x.dirKey, x.dirBuf)
 	if cap(d) > cap(x.dirBuf) {
 		x.dirBuf = d[:0]
 	}
 	switch {
 	case errors.Is(err, ErrNotFound):
+		x.seenGen, x.haveGen = gen, true // nothing written yet
 		return
 	case err != nil:
 		x.stats.StoreErrors++
@@ -654,6 +770,9 @@ func (x *Index) fetch() {
 		return
 	}
 	x.stats.FetchedBytes += int64(len(d))
+	// The generation counts as seen only when every changed bucket was
+	// read: a failed read is retried at the next Sync.
+	complete := true
 	for i := range x.nb {
 		v := binary.LittleEndian.Uint32(d[dirHeader+4*i:])
 		if v == x.ver[i] {
@@ -665,20 +784,25 @@ func (x *Index) fetch() {
 			if !errors.Is(err, ErrNotFound) {
 				x.stats.StoreErrors++
 			}
+			complete = false
 			continue
 		}
 		x.stats.Fetched++
 		x.stats.FetchedBytes += int64(len(b))
 		if !x.validBucket(b) {
+			complete = false
 			continue
 		}
-		copy(x.localBucket(i), b)
+		x.setLocal(i, b)
 		x.ver[i] = max(v, binary.LittleEndian.Uint32(b[4:]))
 		// Writes of this VM still waiting (a contended bucket) stay visible.
 		for _, o := range x.pending {
 			if int(o.bucket) == i {
-				x.apply(x.localBucket(i), o)
+				x.applyLocal(i, o)
 			}
 		}
+	}
+	if complete {
+		x.seenGen, x.haveGen = gen, true
 	}
 }

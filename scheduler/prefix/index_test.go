@@ -140,9 +140,10 @@ func TestBoundsAndLRUEviction(t *testing.T) {
 	if m.Blocks(1) != 0 {
 		t.Fatalf("the oldest prompt survived %d newer records: matched %d", st.Recorded, m.Blocks(1))
 	}
-	// The store holds exactly the buckets and the directory, within MaxBytes.
-	if keys, _ := store.Keys(); keys != x.Buckets()+1 {
-		t.Fatalf("%d keys in the store, want %d", keys, x.Buckets()+1)
+	// The store holds exactly the buckets, the directory and the
+	// generation, within MaxBytes.
+	if keys, _ := store.Keys(); keys != x.Buckets()+2 {
+		t.Fatalf("%d keys in the store, want %d", keys, x.Buckets()+2)
 	}
 	if b := store.Bytes(); b > DefaultMaxBytes || b < x.Bytes() {
 		t.Fatalf("store holds %d bytes; index bytes %d", b, x.Bytes())
@@ -248,8 +249,8 @@ func TestStoreKeysStayBoundedUnderChurn(t *testing.T) {
 		x.Record(randomChain(r, 20), EndpointKey("ns", fmt.Sprint("pod-", i), "10.0.0.1", 8000), 0, t0.Add(time.Duration(i)*time.Second))
 		x.Sync()
 	}
-	if keys, _ := store.Keys(); keys != x.Buckets()+1 || x.Entries() > x.Capacity() {
-		t.Fatalf("%d keys (want %d), %d entries (capacity %d)", keys, x.Buckets()+1, x.Entries(), x.Capacity())
+	if keys, _ := store.Keys(); keys != x.Buckets()+2 || x.Entries() > x.Capacity() {
+		t.Fatalf("%d keys (want %d), %d entries (capacity %d)", keys, x.Buckets()+2, x.Entries(), x.Capacity())
 	}
 }
 
@@ -367,11 +368,103 @@ func TestRepeatedRecordsWriteNothingNew(t *testing.T) {
 	if store.Sets != sets {
 		t.Fatalf("%d store writes for records that change nothing", store.Sets-sets)
 	}
-	// A later stamp refreshes the deepest entry: one bucket and the directory.
+	// A later stamp refreshes the deepest entry: one bucket, the
+	// directory and the generation.
 	x.Lookup(a, &m)
 	x.Record(a, 1, m.Blocks(1), t0.Add(time.Second))
 	x.Sync()
-	if got := store.Sets - sets; got != 2 {
-		t.Fatalf("a refresh wrote %d values, want 2 (bucket, directory)", got)
+	if got := store.Sets - sets; got != 3 {
+		t.Fatalf("a refresh wrote %d values, want 3 (bucket, directory, generation)", got)
+	}
+}
+
+// A Sync reads the directory only when another VM wrote since: an idle
+// tick reads the 8-byte generation alone, and a VM's own write does not
+// make it read the directory back.
+func TestSyncReadsTheDirectoryOnlyAfterAnotherVMWrote(t *testing.T) {
+	r := rand.New(rand.NewPCG(27, 28))
+	store := NewMemStore()
+	a := newTestIndex(t, IndexConfig{}, store)
+	b := newTestIndex(t, IndexConfig{}, store)
+	a.Sync()
+	b.Sync()
+	reads := func(x *Index) int64 { return x.Stats().DirectoryReads }
+	ra, rb := reads(a), reads(b)
+	got := store.GotBytes
+	for range 5 {
+		a.Sync()
+		b.Sync()
+	}
+	if reads(a) != ra || reads(b) != rb {
+		t.Fatalf("idle Syncs read the directory: a %d, b %d times", reads(a)-ra, reads(b)-rb)
+	}
+	if per := (store.GotBytes - got) / 10; per > genBytes {
+		t.Fatalf("an idle Sync read %d bytes, want at most %d", per, genBytes)
+	}
+	// a's own write: a does not read the directory back; b does, once.
+	chain := randomChain(r, 16)
+	a.Record(chain, 7, 0, t0)
+	a.Sync()
+	if reads(a) != ra {
+		t.Fatalf("a read the directory back after its own write")
+	}
+	b.Sync()
+	b.Sync()
+	if reads(b) != rb+1 {
+		t.Fatalf("b read the directory %d times after a's write, want 1", reads(b)-rb)
+	}
+	var m Match
+	b.Lookup(chain, &m)
+	if m.Blocks(7) != 16 {
+		t.Fatalf("b sees %d blocks of a's write, want 16", m.Blocks(7))
+	}
+	// Both write between two Syncs: each reads the other's write.
+	ca, cb := randomChain(r, 16), randomChain(r, 16)
+	a.Record(ca, 8, 0, t0)
+	b.Record(cb, 9, 0, t0)
+	a.Sync()
+	b.Sync()
+	a.Sync()
+	a.Lookup(cb, &m)
+	if m.Blocks(9) != 16 {
+		t.Fatalf("a missed b's write made after a's (matched %d)", m.Blocks(9))
+	}
+	b.Lookup(ca, &m)
+	if m.Blocks(8) != 16 {
+		t.Fatalf("b missed a's write made before b's (matched %d)", m.Blocks(8))
+	}
+}
+
+// Entries is kept as buckets change (records, evictions, forgets, buckets
+// fetched from the store and writes re-applied over them): it always
+// equals a count of the local copy.
+func TestEntriesFollowEveryChange(t *testing.T) {
+	r := rand.New(rand.NewPCG(29, 30))
+	store := NewMemStore()
+	cfg := IndexConfig{MaxEntries: 256, BucketEntries: 4}
+	vms := []*Index{newTestIndex(t, cfg, store), newTestIndex(t, cfg, store)}
+	var chains [][]uint64
+	for step := range 3000 {
+		x := vms[r.IntN(2)]
+		now := t0.Add(time.Duration(step) * 100 * time.Millisecond)
+		switch k := r.IntN(10); {
+		case k < 5 || len(chains) == 0:
+			c := randomChain(r, 4+r.IntN(40))
+			chains = append(chains, c)
+			x.Record(c, uint32(1+r.IntN(6)), 0, now)
+		case k < 8:
+			c := chains[r.IntN(len(chains))]
+			x.Forget(c, uint32(1+r.IntN(6)), r.IntN(len(c)), now)
+		default:
+			x.Sync()
+		}
+		for i, v := range vms {
+			if got, want := v.Entries(), v.countEntries(); got != want {
+				t.Fatalf("step %d: VM %d: Entries %d, counted %d", step, i, got, want)
+			}
+		}
+	}
+	if vms[0].Entries() == 0 || vms[0].Stats().Evicted == 0 || vms[0].Stats().Forgotten == 0 {
+		t.Fatalf("the walk did not exercise the index: %+v, %d entries", vms[0].Stats(), vms[0].Entries())
 	}
 }
