@@ -121,6 +121,9 @@ func policyByName(name string, opts PolicyOptions) (PolicySpec, error) {
 	if name == Oracle {
 		return OracleSpec(), nil
 	}
+	if name == PolicyHigressApprox {
+		return HigressPolicySpec(), nil
+	}
 	for _, spec := range PrefixPolicies() {
 		if spec.Name == name {
 			return spec, nil

@@ -44,12 +44,15 @@ func groupPrompt(g, q int) []uint32 {
 	return toks
 }
 
-// stickiness routes 50 groups × 10 questions over the VMs at random and
-// returns the mean number of distinct replicas a group used.
-func stickiness(t *testing.T, spec PolicySpec) float64 {
+// stickiness routes 50 groups × 10 questions over 2 gateways × 4 VMs at
+// random and returns the mean number of distinct replicas a group used.
+func stickiness(t *testing.T, spec PolicySpec) float64 { return stickinessOver(t, spec, 2, 4) }
+
+// stickinessOver is stickiness over gateways × vmsPer VMs.
+func stickinessOver(t *testing.T, spec PolicySpec, gateways, vmsPer int) float64 {
 	now := Epoch
 	clock := func() time.Time { return now }
-	vms := gatewayVMs(t, spec, 2, 4, clock)
+	vms := gatewayVMs(t, spec, gateways, vmsPer, clock)
 	snap := &scheduler.Snapshot{Time: now}
 	for i := range 8 {
 		snap.Endpoints = append(snap.Endpoints, scheduler.Endpoint{ID: scheduler.EndpointID{Namespace: "fleet", Name: fmt.Sprint("vllm-", i)},

@@ -17,6 +17,7 @@ var prefixComparators = []struct {
 }{
 	{"per-VM index", []string{PolicyPrefixPerVM}},
 	{"llm-d-style", []string{PolicyLLMDApproximate}},
+	{"Higress-style", []string{PolicyHigressApprox}},
 	{"best of least-request, decision-tree, scoring", []string{scheduler.ProfileLeastRequest, scheduler.ProfileDecisionTree, scheduler.ProfileScoring}},
 	{"least-request", []string{scheduler.ProfileLeastRequest}},
 	{"round-robin", []string{scheduler.ProfileRoundRobin}},
