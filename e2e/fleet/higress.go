@@ -116,15 +116,7 @@ func (h *HigressApprox) Route(req *scheduler.Request, v *View) (int, scheduler.O
 		h.lrus = append(h.lrus, newWeightedLRU(capacity, block))
 		h.inflight = append(h.inflight, 0)
 	}
-	target := req.TargetModel
-	if target == "" {
-		target = req.Model
-	}
-	var tokens []uint32
-	var id uint64
-	if v.Request != nil {
-		tokens, id = v.Request.Prompt, v.Request.ID
-	}
+	target, tokens, id := promptOf(req, v)
 	h.segment(target, tokens)
 
 	h.queue, h.flight = growFloats(h.queue, n), growFloats(h.flight, n)

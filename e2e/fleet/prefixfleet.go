@@ -149,15 +149,7 @@ func (p *prefixPolicy) Place(pl Placement) {
 }
 
 func (p *prefixPolicy) Route(req *scheduler.Request, v *View) (int, scheduler.Outcome) {
-	target := req.TargetModel
-	if target == "" {
-		target = req.Model
-	}
-	var tokens []uint32
-	var id uint64
-	if v.Request != nil {
-		tokens, id = v.Request.Prompt, v.Request.ID
-	}
+	target, tokens, id := promptOf(req, v)
 	p.h.HashTokens(target, nil, tokens)
 	p.t.Prepare(req, v.Snapshot, p.h.Blocks(), p.h.Key())
 	res := p.s.Schedule(req, v.Snapshot)
@@ -180,6 +172,20 @@ func (p *prefixPolicy) Route(req *scheduler.Request, v *View) (int, scheduler.Ou
 }
 
 func (p *prefixPolicy) FirstToken(Response) {}
+
+// promptOf is what a prefix policy reads of the request it routes: the
+// target (the requested model when nothing resolved one), the prompt's
+// token ids and the request's id (View.Request; none without it).
+func promptOf(req *scheduler.Request, v *View) (target string, tokens []uint32, id uint64) {
+	target = req.TargetModel
+	if target == "" {
+		target = req.Model
+	}
+	if v.Request != nil {
+		tokens, id = v.Request.Prompt, v.Request.ID
+	}
+	return target, tokens, id
+}
 
 // Finished judges the prediction against the usage the replica reported,
 // and removes a predicted hit it reports as a miss, as the plugin does.
@@ -275,15 +281,7 @@ func (p *llmdPolicy) Route(req *scheduler.Request, v *View) (int, scheduler.Outc
 		}
 		*a = *NewLLMDApprox(func(int) int { return blocks })
 	}
-	target := req.TargetModel
-	if target == "" {
-		target = req.Model
-	}
-	var id uint64
-	var tokens []uint32
-	if v.Request != nil {
-		tokens, id = v.Request.Prompt, v.Request.ID
-	}
+	target, tokens, id := promptOf(req, v)
 	a.hashPrompt(target, tokens)
 	a.match(len(v.Snapshot.Endpoints))
 	req.Prefix = &llmdInfo{a: a, snap: v.Snapshot}
