@@ -4,9 +4,11 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"slices"
 	"strings"
 	"testing"
+	"unicode/utf8"
 )
 
 func newTestHasher(t testing.TB, cfg HashConfig) *Hasher {
@@ -321,5 +323,43 @@ func TestHashTokensIsThePromptOfIDs(t *testing.T) {
 	h.HashTokens("m", nil, ids)
 	if !slices.Equal(want, h.Blocks()) || len(want) != 6 {
 		t.Fatalf("HashTokens gave %d blocks differing from the prompt's %d", len(h.Blocks()), len(want))
+	}
+}
+
+// The one-pass path (whole plain blocks hashed while they are checked for
+// the string's end) gives the hashes of the canonical stream written
+// byte for byte, wherever escapes fall, from any block offset, and stops
+// at MaxBlocks.
+func TestOnePassStringHashingIsTheStream(t *testing.T) {
+	r := rand.New(rand.NewPCG(31, 32))
+	for trial := range 300 {
+		// Long plain runs (whole plain blocks) with escapes here and there.
+		n := r.IntN(700)
+		text := make([]byte, n)
+		for i := range text {
+			text[i] = "abcdefgh ijklmnop"[r.IntN(17)]
+			if r.IntN(150) == 0 {
+				text[i] = "\"\\\n\té"[r.IntN(6)]
+			}
+		}
+		if !utf8.Valid(text) {
+			text = []byte(strings.ToValidUTF8(string(text), "?"))
+		}
+		maxBlocks := []int{DefaultMaxBlocks, 1 + r.IntN(6)}[r.IntN(2)]
+		h := newTestHasher(t, HashConfig{MaxBlocks: maxBlocks})
+		ref := newTestHasher(t, HashConfig{MaxBlocks: maxBlocks})
+		lead := strings.Repeat("x", r.IntN(70)) // the block offset the string starts at
+		if err := h.HashPrompt("m", nil, []byte(jsonString(lead+string(text)))); err != nil {
+			t.Fatal(err)
+		}
+		ref.Reset(Seed("m", ModeText, nil))
+		ref.Write([]byte(lead))
+		ref.Write(text)
+		if !slices.Equal(h.Blocks(), ref.Blocks()) || h.Key() != ref.Key() || h.Truncated() != ref.Truncated() {
+			t.Fatalf("trial %d (%d bytes after %d, maxBlocks %d): %d blocks, want %d", trial, n, len(lead), maxBlocks, len(h.Blocks()), len(ref.Blocks()))
+		}
+		if !h.Truncated() && h.Bytes() != ref.Bytes() {
+			t.Fatalf("trial %d: %d bytes counted, want %d", trial, h.Bytes(), ref.Bytes())
+		}
 	}
 }

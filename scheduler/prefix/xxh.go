@@ -96,14 +96,22 @@ func chain(prev, content uint64) uint64 {
 // is the plugin's largest cost, that cut the hashing time by about half
 // (BENCHMARKS.md). Blocks of other sizes use hashBytes and chain.
 func mixBlock64(prev uint64, b *[64]byte) uint64 {
+	return mixWords64(prev, binary.LittleEndian.Uint64(b[0:8]), binary.LittleEndian.Uint64(b[8:16]),
+		binary.LittleEndian.Uint64(b[16:24]), binary.LittleEndian.Uint64(b[24:32]), binary.LittleEndian.Uint64(b[32:40]),
+		binary.LittleEndian.Uint64(b[40:48]), binary.LittleEndian.Uint64(b[48:56]), binary.LittleEndian.Uint64(b[56:64]))
+}
+
+// mixWords64 is mixBlock64 of a block already loaded as its eight
+// little-endian words (the string scanner loads them to look for quotes).
+func mixWords64(prev, w0, w1, w2, w3, w4, w5, w6, w7 uint64) uint64 {
 	h := prev ^ prime5
-	h = bits.RotateLeft64(h^binary.LittleEndian.Uint64(b[0:8]), 31) * prime1
-	h = bits.RotateLeft64(h^binary.LittleEndian.Uint64(b[8:16]), 31) * prime1
-	h = bits.RotateLeft64(h^binary.LittleEndian.Uint64(b[16:24]), 31) * prime1
-	h = bits.RotateLeft64(h^binary.LittleEndian.Uint64(b[24:32]), 31) * prime1
-	h = bits.RotateLeft64(h^binary.LittleEndian.Uint64(b[32:40]), 31) * prime1
-	h = bits.RotateLeft64(h^binary.LittleEndian.Uint64(b[40:48]), 31) * prime1
-	h = bits.RotateLeft64(h^binary.LittleEndian.Uint64(b[48:56]), 31) * prime1
-	h = bits.RotateLeft64(h^binary.LittleEndian.Uint64(b[56:64]), 31) * prime1
+	h = bits.RotateLeft64(h^w0, 31) * prime1
+	h = bits.RotateLeft64(h^w1, 31) * prime1
+	h = bits.RotateLeft64(h^w2, 31) * prime1
+	h = bits.RotateLeft64(h^w3, 31) * prime1
+	h = bits.RotateLeft64(h^w4, 31) * prime1
+	h = bits.RotateLeft64(h^w5, 31) * prime1
+	h = bits.RotateLeft64(h^w6, 31) * prime1
+	h = bits.RotateLeft64(h^w7, 31) * prime1
 	return avalanche(h)
 }
