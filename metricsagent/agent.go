@@ -291,7 +291,7 @@ func (a *Agent) Cycle(ctx context.Context) []byte {
 		if a.configEnvoys != nil {
 			cfgEnvoys = a.configEnvoys.Targets(ctx)
 		}
-		a.config.Publish(cfgEnvoys, a.now())
+		a.config.Publish(ctx, cfgEnvoys, a.now())
 	}
 
 	a.metrics.EndpointsReported.Set(float64(len(eps)))

@@ -193,12 +193,18 @@ func NewAggregatorMetrics(reg prometheus.Registerer) *AggregatorMetrics {
 
 // AggregatorHandler serves agent pushes on path: bearer token, the same
 // status codes as the plugin's receiver (204, 400, 401, 405, 409, 413; 503
-// when the store is full).
-func AggregatorHandler(store *AggregatorStore, path string, token *TokenSource, maxBytes int64, now func() time.Time, m *AggregatorMetrics, log *slog.Logger) http.Handler {
+// when the store is full). held, when set, gives the wire.ConfigHeldHeader
+// of its 204 answers ("" or nil: none), as the receiver's answers carry it.
+func AggregatorHandler(store *AggregatorStore, path string, token *TokenSource, maxBytes int64, now func() time.Time, m *AggregatorMetrics, log *slog.Logger, held func() string) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		reply := func(status int, outcome, msg string) {
 			m.Received.WithLabelValues(outcome).Inc()
 			if status == http.StatusNoContent {
+				if held != nil {
+					if v := held(); v != "" {
+						w.Header().Set(wire.ConfigHeldHeader, v)
+					}
+				}
 				w.WriteHeader(status)
 				return
 			}
@@ -268,6 +274,8 @@ type Relayer struct {
 	Now       func() time.Time
 	Log       *slog.Logger
 	Metrics   *AggregatorMetrics
+	// Held, when set, records the Envoys' answers (wire.ConfigHeldHeader).
+	Held *HeldTables
 
 	mu      sync.Mutex
 	targets map[string]*relayTarget
@@ -314,6 +322,7 @@ func (r *Relayer) sync(ctx context.Context, names []string) {
 		if !slices.Contains(names, name) {
 			tg.cancel()
 			delete(r.targets, name)
+			r.Held.forget(name)
 			r.Log.Info("envoy target removed", "target", name)
 		}
 	}
@@ -380,5 +389,22 @@ func (r *Relayer) send(tg *relayTarget) {
 }
 
 func (r *Relayer) post(tg *relayTarget, payload []byte) (string, error) {
-	return postPayload(tg.ctx, r.Client, "http://"+tg.name+r.Path, r.Token, r.Timeout, payload, nil)
+	reason, held, err := postPayload(tg.ctx, r.Client, "http://"+tg.name+r.Path, r.Token, r.Timeout, payload, nil)
+	if err == nil && tg.ctx.Err() == nil {
+		r.Held.set(tg.name, held)
+	}
+	return reason, err
+}
+
+// HeldSummary is what the agents' pushes are answered with
+// (wire.ConfigHeldHeader): which model table the current Envoy targets
+// hold, by their answers to the relays (HeldTables.Summary).
+func (r *Relayer) HeldSummary() string {
+	r.mu.Lock()
+	names := make([]string, 0, len(r.targets))
+	for name := range r.targets {
+		names = append(names, name)
+	}
+	r.mu.Unlock()
+	return r.Held.Summary(names)
 }

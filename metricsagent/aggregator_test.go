@@ -104,7 +104,7 @@ func TestAggregatorHandlerStatuses(t *testing.T) {
 	s := NewAggregatorStore(wire.DefaultLimits(), time.Minute)
 	m := NewAggregatorMetrics(prometheus.NewRegistry())
 	now := aggT0
-	h := AggregatorHandler(s, wire.PushPath, &TokenSource{Value: token}, 1<<20, func() time.Time { return now }, m, slog.New(slog.DiscardHandler))
+	h := AggregatorHandler(s, wire.PushPath, &TokenSource{Value: token}, 1<<20, func() time.Time { return now }, m, slog.New(slog.DiscardHandler), nil)
 	srv := httptest.NewServer(h)
 	defer srv.Close()
 	post := func(path, tok string, body []byte) int {
@@ -138,7 +138,8 @@ type envoySink struct {
 	srv    *httptest.Server
 	mu     sync.Mutex
 	relays [][]byte
-	status int // answer; 0 means 204
+	status int    // answer; 0 means 204
+	held   string // wire.ConfigHeldHeader of its answers ("": none)
 }
 
 func newEnvoySink(t *testing.T) *envoySink {
@@ -152,6 +153,9 @@ func newEnvoySink(t *testing.T) *envoySink {
 			return
 		}
 		e.relays = append(e.relays, b)
+		if e.held != "" {
+			w.Header().Set(wire.ConfigHeldHeader, e.held)
+		}
 		w.WriteHeader(204)
 	}))
 	t.Cleanup(e.srv.Close)
@@ -263,4 +267,149 @@ func TestFailoverTargets(t *testing.T) {
 	assert.Len(t, g.Targets(ctx), 1)
 	now = now.Add(600 * time.Millisecond)
 	assert.Len(t, g.Targets(ctx), 2, "no aggregator ever answered: direct after the grace period")
+}
+
+// configs counts the configuration records among what e was sent.
+func (e *envoySink) configs() int {
+	n := 0
+	for _, b := range e.take() {
+		if bytes.HasPrefix(b, []byte("WC")) {
+			n++
+		}
+	}
+	return n
+}
+
+func (e *envoySink) setHeld(v string) {
+	e.mu.Lock()
+	e.held = v
+	e.mu.Unlock()
+}
+
+// TestRelayModeRecordsFollowTheAggregatorsAnswers: in relay mode the agent
+// pushes metrics to an aggregator, which answers with what its Envoys said
+// they hold (their answers to its relays); the agent sends its record to
+// the Envoys only when that is not its own table. An aggregator that says
+// nothing (an older one) leaves the agent resending on its timer.
+func TestRelayModeRecordsFollowTheAggregatorsAnswers(t *testing.T) {
+	record := encodeTestRecord(t)
+	head, err := wire.PeekConfig(record, wire.ConfigLimits{})
+	require.NoError(t, err)
+	mine := head.Held()
+	e1, e2 := newEnvoySink(t), newEnvoySink(t)
+	e1.held, e2.held = mine, mine
+
+	store := NewAggregatorStore(wire.DefaultLimits(), time.Minute)
+	relayer := &Relayer{Store: store, Sender: "agg-0", Envoys: StaticEnvoys{e1.addr(), e2.addr()}, Interval: 10 * time.Millisecond,
+		FullEvery: time.Hour, Client: &http.Client{}, Path: wire.PushPath, Timeout: time.Second, Token: &TokenSource{Value: "t"},
+		Now: time.Now, Log: quietLog, Metrics: NewAggregatorMetrics(prometheus.NewRegistry()), Held: &HeldTables{}}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { relayer.Run(ctx); close(done) }()
+	defer func() { cancel(); <-done }()
+	summary := relayer.HeldSummary
+	agg := httptest.NewServer(AggregatorHandler(store, wire.PushPath, &TokenSource{Value: "t"}, 1<<20, time.Now,
+		NewAggregatorMetrics(prometheus.NewRegistry()), quietLog, func() string { return summary() }))
+	defer agg.Close()
+	aggAddr := strings.TrimPrefix(agg.URL, "http://")
+
+	m := NewMetrics(prometheus.NewRegistry())
+	held := &HeldTables{}
+	pushed := make(chan error, 4)
+	metrics := &Pusher{Client: &http.Client{}, Path: wire.PushPath, Timeout: time.Second, Token: &TokenSource{Value: "t"},
+		Log: quietLog, Metrics: m, Held: held, Sent: func(_ string, err error) { pushed <- err }}
+	defer metrics.Close()
+	configs := &Pusher{Client: &http.Client{}, Path: wire.ConfigPath, Timeout: time.Second, Token: &TokenSource{Value: "t"},
+		Log: quietLog, Metrics: m.configPushMetrics()}
+	defer configs.Close()
+	pub := &ConfigPublisher{Payload: func() []byte { return record }, Pusher: configs, Held: held, Via: StaticEnvoys{aggAddr},
+		Resend: time.Minute, Refresh: time.Hour}
+	envoys := []string{e1.addr(), e2.addr()}
+	seq := uint64(0)
+	now := time.Now()
+	cycle := func() {
+		seq++
+		metrics.Publish([]string{aggAddr}, agentPushAt(t, "node-a", seq, time.Now(), 1, 2))
+		require.NoError(t, <-pushed)
+		pub.Publish(ctx, envoys, now)
+	}
+	// The relayer sends (and hears its Envoys) only when a block moved:
+	// another agent keeps pushing while a test waits for an answer.
+	zseq := uint64(0)
+	summaryIs := func(want string) func() bool {
+		return func() bool {
+			zseq++
+			_ = store.Accept(agentPushAt(t, "node-z", zseq, time.Now(), 1, 2), time.Now())
+			return summary() == want
+		}
+	}
+	waitConfigs := func(e *envoySink, want int) {
+		t.Helper()
+		got := 0
+		require.Eventually(t, func() bool { got += e.configs(); return got >= want }, 5*time.Second, 5*time.Millisecond)
+		time.Sleep(30 * time.Millisecond)
+		assert.Equal(t, want, got+e.configs())
+	}
+
+	cycle() // new targets get the record
+	waitConfigs(e1, 1)
+	waitConfigs(e2, 1)
+	require.Eventually(t, summaryIs(mine), 5*time.Second, 5*time.Millisecond)
+	for range 3 {
+		cycle()
+	}
+	got, _ := held.Get(aggAddr)
+	assert.Equal(t, mine, got)
+	time.Sleep(50 * time.Millisecond)
+	assert.Zero(t, e1.configs()+e2.configs(), "both Envoys hold the table: nothing sent")
+
+	// One Envoy restarts: the aggregator's answers turn "mixed", and the
+	// next cycle sends the record (to every Envoy: the answer does not say
+	// which), once.
+	e2.setHeld(wire.ConfigHeldNone)
+	require.Eventually(t, summaryIs(wire.ConfigHeldMixed), 5*time.Second, 5*time.Millisecond)
+	cycle()
+	waitConfigs(e2, 1)
+	waitConfigs(e1, 1)
+	cycle()
+	time.Sleep(50 * time.Millisecond)
+	assert.Zero(t, e1.configs()+e2.configs(), "sent under this answer already")
+	e2.setHeld(mine)
+	require.Eventually(t, summaryIs(mine), 5*time.Second, 5*time.Millisecond)
+	cycle()
+
+	// An aggregator that says nothing: the agent resends every Resend.
+	summary = func() string { return "" }
+	cycle()
+	time.Sleep(50 * time.Millisecond)
+	assert.Zero(t, e1.configs()+e2.configs(), "within Resend")
+	now = now.Add(time.Minute)
+	cycle()
+	waitConfigs(e1, 1)
+	waitConfigs(e2, 1)
+}
+
+func TestHeldTablesSummary(t *testing.T) {
+	h := &HeldTables{}
+	assert.Equal(t, "", h.Summary([]string{"a"}), "no answer yet")
+	h.set("a", "x")
+	h.set("b", "x")
+	assert.Equal(t, "x", h.Summary([]string{"a", "b"}))
+	assert.Equal(t, "", h.Summary([]string{"a", "b", "c"}), "one target without an answer")
+	h.set("b", "y")
+	assert.Equal(t, wire.ConfigHeldMixed, h.Summary([]string{"a", "b"}))
+	h.forget("b")
+	assert.Equal(t, "", h.Summary([]string{"a", "b"}))
+	assert.Equal(t, "", h.Summary(nil))
+	var none *HeldTables
+	_, ok := none.Get("a")
+	assert.False(t, ok)
+}
+
+func encodeTestRecord(t *testing.T) []byte {
+	b, err := wire.EncodeConfig(&wire.ConfigRecord{AgentID: "node-a", PoolNamespace: "llm", PoolName: "p",
+		Revision: wire.ConfigRevision{Pools: 1, Objectives: 1, Rewrites: 1},
+		Table:    wire.ModelTable{Objectives: []wire.Objective{{Name: "batch", Priority: -1}}}}, wire.ConfigLimits{})
+	require.NoError(t, err)
+	return b
 }

@@ -47,6 +47,7 @@ type Config struct {
 	WriteStatus     bool
 	ConfigPushPath  string
 	ConfigResend    time.Duration
+	ConfigRefresh   time.Duration
 	// MaxTableBytes and MaxModelNameLength are the receivers' bounds on a
 	// record (receiver.maxConfigBytes, maxModelNameLength): objects past
 	// them are rejected one by one instead of the whole record.
@@ -130,7 +131,8 @@ func newFlagSet(cfg *Config, kvNames *string, logLevel *string) *flag.FlagSet {
 	fs.StringVar(&cfg.TestObjectsFile, "test-objects-file", "", "for tests and local runs: read the pool's objects from this multi-document YAML file (re-read when it changes) instead of the API server; needs --targets")
 	fs.BoolVar(&cfg.WriteStatus, "write-status", true, "write an Accepted condition on each InferenceObjective and InferenceModelRewrite of the pool (RBAC: update on their /status)")
 	fs.StringVar(&cfg.ConfigPushPath, "config-push-path", wire.ConfigPath, "HTTP path of the receiver for the model table")
-	fs.DurationVar(&cfg.ConfigResend, "config-resend", time.Second, "push the model table again at least this often (an Envoy that restarted gets it back within this time)")
+	fs.DurationVar(&cfg.ConfigResend, "config-resend", time.Second, "push the model table again this often to an Envoy (or through aggregators) that does not say which table it holds (an older receiver); others get it when their answers to the metrics pushes name another table")
+	fs.DurationVar(&cfg.ConfigRefresh, "config-refresh", time.Minute, "push the model table again this often to an Envoy that keeps naming another table after it got this one (it holds a newer one: 409)")
 	fs.IntVar(&cfg.MaxTableBytes, "max-table-bytes", wire.DefaultConfigLimits().MaxBytes, "largest model-table record: the plugin's receiver.maxConfigBytes (objects that would pass it are rejected, TooLarge)")
 	fs.IntVar(&cfg.MaxModelNameLength, "max-model-name-length", wire.DefaultConfigLimits().MaxModelNameLen, "longest model name in the model table: the plugin's maxModelNameLength (objects with longer names are rejected)")
 	fs.DurationVar(&cfg.Interval, "interval", 50*time.Millisecond, "time between two scrape-and-push cycles")
@@ -316,6 +318,9 @@ func (c *Config) validate() error {
 	}
 	if c.ConfigResend <= 0 {
 		bad("--config-resend must be positive")
+	}
+	if c.ConfigRefresh <= 0 {
+		bad("--config-refresh must be positive")
 	}
 	if c.MaxTableBytes < 1 || c.MaxTableBytes > maxTableBytes {
 		bad("--max-table-bytes must be between 1 and %d (the receiver's bound)", maxTableBytes)

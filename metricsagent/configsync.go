@@ -239,29 +239,96 @@ func (c *ConfigSync) report(res TableResult) {
 }
 
 // ConfigPublisher hands the latest configuration record to its own Pusher
-// on each agent cycle: when the record changed, when the Envoy targets
-// changed, and at least every Resend (so an Envoy that restarted, and whose
-// shared data is empty, gets the table back within Resend).
+// on each agent cycle, to each Envoy target that needs it: a new target;
+// every target when the record changed; a target whose answers to the
+// metrics pushes (Held, wire.ConfigHeldHeader) name another table than
+// this record's (an Envoy that restarted says "none"), once per answer it
+// gave; and a target that gives no answer (an older receiver) every
+// Resend. A target that keeps naming another table after it got the
+// record (it holds a newer one and answered 409) gets it again every
+// Refresh. In relay mode the metrics go to aggregators, whose answers sum
+// up their Envoys' (Via): an Envoy that has no answer of its own is taken
+// to hold what they say.
 type ConfigPublisher struct {
 	Payload func() []byte
 	Pusher  *Pusher
+	// Held holds the metrics targets' answers (nil: none, Resend only).
+	Held *HeldTables
+	// Via, when set, are the aggregators whose answers stand for every
+	// Envoy that has none of its own.
+	Via     EnvoyTargets
 	Resend  time.Duration
+	Refresh time.Duration
 
 	last    []byte
-	targets []string
+	mine    string
+	targets map[string]*configTarget
+	send    []string
+}
+
+// configTarget is what was last handed to one target.
+type configTarget struct {
+	payload []byte
 	at      time.Time
+	// under is the target's answer when it was handed over.
+	under string
 }
 
 // Publish is called once per cycle with the cycle's Envoy targets.
-func (p *ConfigPublisher) Publish(targets []string, now time.Time) {
+func (p *ConfigPublisher) Publish(ctx context.Context, targets []string, now time.Time) {
 	payload := p.Payload()
 	if payload == nil {
 		return
 	}
-	same := len(payload) == len(p.last) && (len(payload) == 0 || &payload[0] == &p.last[0])
-	if same && slices.Equal(targets, p.targets) && now.Sub(p.at) < p.Resend {
-		return
+	if len(payload) != len(p.last) || len(payload) > 0 && &payload[0] != &p.last[0] {
+		p.last, p.mine = payload, ""
+		if h, err := wire.PeekConfig(payload, wire.ConfigLimits{MaxBytes: len(payload)}); err == nil {
+			p.mine = h.Held()
+		}
 	}
-	p.last, p.targets, p.at = payload, slices.Clone(targets), now
-	p.Pusher.Publish(targets, payload)
+	if p.targets == nil {
+		p.targets = map[string]*configTarget{}
+	}
+	for t := range p.targets {
+		if !slices.Contains(targets, t) {
+			delete(p.targets, t)
+		}
+	}
+	via := ""
+	viaOK := false
+	if p.Via != nil {
+		via = p.Held.Summary(p.Via.Targets(ctx))
+		viaOK = via != ""
+	}
+	p.send = p.send[:0]
+	for _, t := range targets {
+		held, ok := p.Held.Get(t)
+		if !ok && viaOK {
+			held, ok = via, true
+		}
+		st := p.targets[t]
+		var due bool
+		switch {
+		case st == nil || len(st.payload) != len(payload) || &st.payload[0] != &payload[0]:
+			due = true // new target, or a new record
+		case !ok:
+			due = now.Sub(st.at) >= p.Resend // the target does not say what it holds
+		case held == p.mine:
+			st.under = held
+		case held != st.under:
+			due = true // it holds another table than when it last got ours
+		default:
+			due = now.Sub(st.at) >= p.Refresh
+		}
+		if due {
+			p.targets[t] = &configTarget{payload: payload, at: now, under: held}
+			p.send = append(p.send, t)
+		}
+	}
+	if len(p.send) > 0 {
+		p.Pusher.PublishTo(targets, payload, func(t string) bool { return slices.Contains(p.send, t) })
+	} else {
+		p.Pusher.PublishTo(targets, payload, func(string) bool { return false })
+	}
+	p.Pusher.RetryFailing()
 }

@@ -101,7 +101,9 @@ func run(ctx context.Context, cfg Config, log *slog.Logger) error {
 			Log: log.With("payload", "config"), Metrics: metrics.configPushMetrics(),
 			Delivered: func(status int) bool { return status == http.StatusConflict }}
 		defer configPusher.Close()
-		publisher = &ConfigPublisher{Payload: sync.Payload, Pusher: configPusher, Resend: cfg.ConfigResend}
+		pusher.Held = &HeldTables{}
+		publisher = &ConfigPublisher{Payload: sync.Payload, Pusher: configPusher, Held: pusher.Held,
+			Resend: cfg.ConfigResend, Refresh: cfg.ConfigRefresh}
 	}
 	opts := Options{
 		AgentID: cfg.AgentID, Interval: cfg.Interval, Discoverer: disc,
@@ -119,6 +121,9 @@ func run(ctx context.Context, cfg Config, log *slog.Logger) error {
 			Direct: func(direct bool) { metrics.DirectPushes.Set(boolGauge(direct)) }}
 		pusher.Sent = failover.Observe
 		opts.Envoys, opts.ConfigEnvoys = failover, envoys
+		if publisher != nil {
+			publisher.Via = aggs
+		}
 	}
 	agent := NewAgent(opts)
 
@@ -320,7 +325,8 @@ func runAggregator(ctx context.Context, cfg Config, log *slog.Logger) error {
 	lim := wire.Limits{AgentTTL: cfg.AgentTTL}
 	store := NewAggregatorStore(lim.Resolved(), cfg.AgentTTL)
 	relayer := &Relayer{Store: store, Sender: name, Envoys: envoys, Interval: cfg.Interval, FullEvery: cfg.RelayFullEvery,
-		Client: NewPushClient(), Path: cfg.PushPath, Timeout: cfg.PushTimeout, Token: token, Now: time.Now, Log: log, Metrics: am}
+		Client: NewPushClient(), Path: cfg.PushPath, Timeout: cfg.PushTimeout, Token: token, Now: time.Now, Log: log, Metrics: am,
+		Held: &HeldTables{}}
 
 	pushLn, err := net.Listen("tcp", cfg.AggregatorListen)
 	if err != nil {
@@ -331,7 +337,7 @@ func runAggregator(ctx context.Context, cfg Config, log *slog.Logger) error {
 		pushLn.Close()
 		return fmt.Errorf("--listen: %w", err)
 	}
-	pushSrv := &http.Server{Handler: AggregatorHandler(store, cfg.PushPath, token, int64(lim.Resolved().MaxPushBytes), time.Now, am, log),
+	pushSrv := &http.Server{Handler: AggregatorHandler(store, cfg.PushPath, token, int64(lim.Resolved().MaxPushBytes), time.Now, am, log, relayer.HeldSummary),
 		ReadHeaderTimeout: 5 * time.Second}
 	healthSrv := &http.Server{Handler: Handler(reg, func() bool { return true }), ReadHeaderTimeout: 5 * time.Second}
 	serveErr := make(chan error, 2)

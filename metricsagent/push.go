@@ -176,6 +176,9 @@ type Pusher struct {
 	// delivered: the receiver read the payload and kept what it had (409 to
 	// a configuration record older than its own).
 	Delivered func(status int) bool
+	// Held, when set, records each target's wire.ConfigHeldHeader from its
+	// answers (ConfigPublisher reads it).
+	Held *HeldTables
 
 	mu      sync.Mutex
 	workers map[string]*pushWorker
@@ -227,7 +230,11 @@ func (c *rawSocketConn) Write(b []byte) (int, error) { return c.sock.write(b) }
 // Publish hands payload to the workers of targets, starting workers for new
 // targets and stopping those of targets no longer listed. It never blocks on
 // the network. payload must not be modified afterwards.
-func (p *Pusher) Publish(targets []string, payload []byte) {
+func (p *Pusher) Publish(targets []string, payload []byte) { p.PublishTo(targets, payload, nil) }
+
+// PublishTo is Publish, handing payload only to the targets to accepts
+// (nil: all); the others keep their workers and their last payload.
+func (p *Pusher) PublishTo(targets []string, payload []byte, to func(target string) bool) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.workers == nil {
@@ -237,23 +244,33 @@ func (p *Pusher) Publish(targets []string, payload []byte) {
 		if !slices.Contains(targets, t) {
 			w.cancel()
 			delete(p.workers, t)
+			p.Held.forget(t)
 			p.Metrics.forgetTarget(t)
 			p.Log.Info("envoy target removed", "target", t)
 		}
 	}
 	for _, t := range targets {
-		w, ok := p.workers[t]
-		if !ok {
-			w = &pushWorker{target: t, mailbox: make(chan []byte, 1)}
-			w.ctx, w.cancel = context.WithCancel(context.Background())
-			p.workers[t] = w
-			p.wg.Add(1)
-			go p.run(w)
-			p.Log.Info("envoy target added", "target", t)
+		w := p.worker(t)
+		if to != nil && !to(t) {
+			continue
 		}
 		w.last = payload
 		w.handOver(payload)
 	}
+}
+
+// worker returns target's worker, starting it if new. Called under mu.
+func (p *Pusher) worker(t string) *pushWorker {
+	if w, ok := p.workers[t]; ok {
+		return w
+	}
+	w := &pushWorker{target: t, mailbox: make(chan []byte, 1)}
+	w.ctx, w.cancel = context.WithCancel(context.Background())
+	p.workers[t] = w
+	p.wg.Add(1)
+	go p.run(w)
+	p.Log.Info("envoy target added", "target", t)
+	return w
 }
 
 // handOver puts payload in the worker's mailbox, replacing the payload it
@@ -313,9 +330,12 @@ func (p *Pusher) run(w *pushWorker) {
 // delivered before.
 func (p *Pusher) send(w *pushWorker, payload []byte, retry bool) {
 	start := time.Now()
-	reason, err := p.post(w, payload)
+	reason, held, err := p.post(w, payload)
 	if w.ctx.Err() != nil {
 		return // target removed or closing: its series are gone, do not bring them back
+	}
+	if err == nil {
+		p.Held.set(w.target, held)
 	}
 	if retry && reason == "http_409" {
 		reason, err = "", nil
@@ -346,39 +366,103 @@ func (p *Pusher) send(w *pushWorker, payload []byte, retry bool) {
 // maxReplyBytes bounds how much of an error reply is read into the log.
 const maxReplyBytes = 512
 
-func (p *Pusher) post(w *pushWorker, payload []byte) (reason string, err error) {
+func (p *Pusher) post(w *pushWorker, payload []byte) (reason, held string, err error) {
 	return postPayload(w.ctx, p.Client, "http://"+w.target+p.Path, p.Token, p.Timeout, payload, p.Delivered)
 }
 
 // postPayload POSTs one payload with the bearer token and returns why it
 // failed ("" when the answer was 2xx, or a status delivered accepts): the
 // reason is a metric label (token, request, timeout, connect, http_<code>).
+// held is the answer's wire.ConfigHeldHeader ("" when absent).
 func postPayload(parent context.Context, client *http.Client, url string, token *TokenSource, timeout time.Duration,
-	payload []byte, delivered func(int) bool) (reason string, err error) {
+	payload []byte, delivered func(int) bool) (reason, held string, err error) {
 	tok, err := token.Token()
 	if err != nil {
-		return "token", err
+		return "token", "", err
 	}
 	ctx, cancel := context.WithTimeout(parent, timeout)
 	defer cancel()
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader(payload))
 	if err != nil {
-		return "request", err
+		return "request", "", err
 	}
 	req.Header.Set("Authorization", "Bearer "+tok)
 	req.Header.Set("Content-Type", wire.ContentType)
 	resp, err := client.Do(req)
 	if err != nil {
 		if ctx.Err() != nil {
-			return "timeout", err
+			return "timeout", "", err
 		}
-		return "connect", err
+		return "connect", "", err
 	}
 	defer resp.Body.Close()
 	reply, _ := io.ReadAll(io.LimitReader(resp.Body, maxReplyBytes))
 	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10)) // let the connection be reused
 	if resp.StatusCode/100 != 2 && (delivered == nil || !delivered(resp.StatusCode)) {
-		return "http_" + strconv.Itoa(resp.StatusCode), fmt.Errorf("status %d: %s", resp.StatusCode, strings.TrimSpace(string(reply)))
+		return "http_" + strconv.Itoa(resp.StatusCode), "", fmt.Errorf("status %d: %s", resp.StatusCode, strings.TrimSpace(string(reply)))
 	}
-	return "", nil
+	return "", resp.Header.Get(wire.ConfigHeldHeader), nil
+}
+
+// HeldTables remembers, for each push target, which model table its latest
+// accepted answer said it holds (wire.ConfigHeldHeader). A target whose
+// answers carry no header (an older receiver or aggregator) has no entry.
+// Safe for concurrent use; a nil *HeldTables records nothing.
+type HeldTables struct {
+	mu sync.Mutex
+	m  map[string]string
+}
+
+func (h *HeldTables) set(target, held string) {
+	if h == nil {
+		return
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if held == "" || len(held) > 64 {
+		delete(h.m, target)
+		return
+	}
+	if h.m == nil {
+		h.m = map[string]string{}
+	}
+	h.m[target] = held
+}
+
+func (h *HeldTables) forget(target string) { h.set(target, "") }
+
+// Get is target's latest answer; ok is false when it gave none.
+func (h *HeldTables) Get(target string) (held string, ok bool) {
+	if h == nil {
+		return "", false
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	held, ok = h.m[target]
+	return held, ok
+}
+
+// Summary is what an aggregator tells its agents of the Envoys among
+// targets: their common answer, wire.ConfigHeldMixed when they differ, ""
+// when one of them has not given one (an older receiver, or not yet
+// answered: the agents then resend on their timer).
+func (h *HeldTables) Summary(targets []string) string {
+	if h == nil || len(targets) == 0 {
+		return ""
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	out := ""
+	for _, t := range targets {
+		v, ok := h.m[t]
+		switch {
+		case !ok:
+			return ""
+		case out == "":
+			out = v
+		case v != out:
+			out = wire.ConfigHeldMixed
+		}
+	}
+	return out
 }

@@ -56,7 +56,12 @@ type RunConfig struct {
 	// record while pushes run (0: every second, the agent's default;
 	// negative: never).
 	ConfigResend time.Duration
-	Logf         func(string, ...any) `json:"-"`
+	// ConfigPeriodic makes the agents resend their records every
+	// ConfigResend whatever the gateway holds, as agents did before they
+	// read its answers (wire.ConfigHeldHeader); by default they send a
+	// record only when the answers name another table.
+	ConfigPeriodic bool
+	Logf           func(string, ...any) `json:"-"`
 }
 
 // Phase is one measured window.
@@ -200,7 +205,8 @@ func Run(ctx context.Context, cfg RunConfig) (*Result, error) {
 		pushWG.Add(3)
 		go func() {
 			defer pushWG.Done()
-			RunConfigResends(pctx, fleet, ConfigOptions{URL: configURL, Token: token, Resend: cfg.ConfigResend, Stats: configStats})
+			RunConfigResends(pctx, fleet, ConfigOptions{URL: configURL, Token: token, Resend: cfg.ConfigResend,
+				OnDemand: !cfg.ConfigPeriodic, Pushes: pushStats, Interval: cfg.Interval, Stats: configStats})
 		}()
 		go func() {
 			defer pushWG.Done()

@@ -49,6 +49,14 @@ type hostEnv struct {
 
 func startHost(t *testing.T, routerCfg string) *hostEnv {
 	t.Helper()
+	return startHostAt(t, routerCfg, "127.0.0.1:0")
+}
+
+// startHostAt is startHost with the push listener on pushAddr (a host
+// started again on the same address is an Envoy restarted: the same
+// address, empty shared data).
+func startHostAt(t *testing.T, routerCfg, pushAddr string) *hostEnv {
+	t.Helper()
 	code, err := os.ReadFile(wasmbuild.Plugin(t))
 	require.NoError(t, err)
 	up, err := StartUpstream()
@@ -66,7 +74,7 @@ func startHost(t *testing.T, routerCfg string) *hostEnv {
 			{Name: "router", Address: "127.0.0.1:0", Cluster: "pods", Plugin: &envoyhost.PluginConfig{
 				Name: "wasm-epp", RootID: "wasm-epp", Configuration: []byte(routerCfg),
 				FailurePolicy: envoyhost.FailClosed, AllowOnHeadersStopIteration: true, VM: vm}},
-			{Name: "push", Address: "127.0.0.1:0", Cluster: "pods", Plugin: &envoyhost.PluginConfig{
+			{Name: "push", Address: pushAddr, Cluster: "pods", Plugin: &envoyhost.PluginConfig{
 				Name: "wasm-epp-receiver", RootID: "wasm-epp",
 				Configuration: []byte(`{"role": "receiver", "staleAfter": "` + staleAfter.String() + `"}`),
 				FailurePolicy: envoyhost.FailClosed, AllowOnHeadersStopIteration: true, VM: vm}},

@@ -17,10 +17,13 @@ import (
 
 // PushStats counts what pushers sent and what they were answered.
 type PushStats struct {
-	Sent    atomic.Int64
-	Bytes   atomic.Int64
-	Errors  atomic.Int64 // transport errors
-	Blocks  atomic.Int64 // agent blocks relayed (relay mode)
+	Sent   atomic.Int64
+	Bytes  atomic.Int64
+	Errors atomic.Int64 // transport errors
+	Blocks atomic.Int64 // agent blocks relayed (relay mode)
+	// held is the latest 2xx answer's wire.ConfigHeldHeader ("" or nil:
+	// none): which model table the gateway says it holds.
+	held    atomic.Pointer[string]
 	mu      sync.Mutex
 	statuse map[int]int64
 }
@@ -95,6 +98,10 @@ func (p *poster) post(ctx context.Context, url string, body []byte) int {
 	}
 	resp.Body.Close()
 	p.stats.status(resp.StatusCode)
+	if resp.StatusCode/100 == 2 {
+		held := resp.Header.Get(wire.ConfigHeldHeader)
+		p.stats.held.Store(&held)
+	}
 	return resp.StatusCode
 }
 
@@ -343,14 +350,22 @@ func Percentiles(ds []time.Duration, ps ...float64) []time.Duration {
 	return out
 }
 
-// ConfigOptions configure the agents' configuration-record resends: an
-// agent watching Kubernetes objects sends its model table to every Envoy
-// every --config-resend (1 s by default), changed or not.
+// ConfigOptions configure the agents' configuration records. An agent
+// watching Kubernetes objects sends its model table to an Envoy when that
+// Envoy's answers to the metrics pushes (Pushes) name another table, once
+// per answer (metricsagent ConfigPublisher), or, when the answers carry no
+// header (an older receiver) or OnDemand is off (the agents before it),
+// every Resend, changed or not.
 type ConfigOptions struct {
-	URL    string
-	Token  string
-	Resend time.Duration
-	Stats  *PushStats
+	URL      string
+	Token    string
+	Resend   time.Duration
+	OnDemand bool
+	// Pushes are the metrics pushes' stats, whose answers say what the
+	// gateway holds; Interval is how often an agent looks (its cycle).
+	Pushes   *PushStats
+	Interval time.Duration
+	Stats    *PushStats
 }
 
 // ConfigRecord is the record agent id resends: every agent reads the same
@@ -365,10 +380,13 @@ func ConfigRecord(id string) ([]byte, error) {
 		}}, wire.ConfigLimits{})
 }
 
-// RunConfigResends sends every agent's record once per Resend, the agents
-// spread evenly over it, until ctx ends.
+// RunConfigResends sends the agents' records until ctx ends: every
+// agent's once per Resend, spread evenly over it, or with OnDemand every
+// agent's once whenever the gateway's answer names another table than the
+// agents' (they all read the same objects: one table, one answer, as the
+// aggregators' summary tells every agent in relay mode).
 func RunConfigResends(ctx context.Context, f *Fleet, o ConfigOptions) {
-	if len(f.Agents) == 0 || o.Resend <= 0 {
+	if len(f.Agents) == 0 || o.Resend <= 0 && !o.OnDemand {
 		return
 	}
 	records := make([][]byte, len(f.Agents))
@@ -379,11 +397,65 @@ func RunConfigResends(ctx context.Context, f *Fleet, o ConfigOptions) {
 		}
 		records[i] = b
 	}
+	head, err := wire.PeekConfig(records[0], wire.ConfigLimits{})
+	if err != nil {
+		panic(err)
+	}
+	mine := head.Held()
 	p := newPoster(o.Token, 8, o.Stats)
 	defer p.close()
 	sem := make(chan struct{}, 8)
 	var wg sync.WaitGroup
 	defer wg.Wait()
+	send := func(b []byte) bool {
+		select {
+		case sem <- struct{}{}:
+		case <-ctx.Done():
+			return false
+		}
+		wg.Add(1)
+		go func() {
+			defer func() { <-sem; wg.Done() }()
+			p.post(ctx, o.URL, b)
+		}()
+		return true
+	}
+	if o.OnDemand {
+		t := time.NewTicker(o.Interval)
+		defer t.Stop()
+		under := ""
+		var lastResend time.Time
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+			}
+			held := ""
+			if h := o.Pushes.held.Load(); h != nil {
+				held = *h
+			}
+			switch {
+			case held == "":
+				// No answer yet, or an older receiver: resend on the timer.
+				if o.Resend <= 0 || time.Since(lastResend) < o.Resend {
+					continue
+				}
+				lastResend = time.Now()
+			case held == mine:
+				under = held
+				continue
+			case held == under:
+				continue // sent under this answer already
+			}
+			under = held
+			for _, b := range records {
+				if !send(b) {
+					return
+				}
+			}
+		}
+	}
 	t := time.NewTicker(max(o.Resend/time.Duration(len(records)), 100*time.Microsecond))
 	defer t.Stop()
 	for i := 0; ; i = (i + 1) % len(records) {
@@ -392,15 +464,8 @@ func RunConfigResends(ctx context.Context, f *Fleet, o ConfigOptions) {
 			return
 		case <-t.C:
 		}
-		select {
-		case sem <- struct{}{}:
-		case <-ctx.Done():
+		if !send(records[i]) {
 			return
 		}
-		wg.Add(1)
-		go func(b []byte) {
-			defer func() { <-sem; wg.Done() }()
-			p.post(ctx, o.URL, b)
-		}(records[i])
 	}
 }

@@ -61,6 +61,22 @@ func ConfigGenOf(record []byte) uint64 {
 	return max(h, 1)
 }
 
+// ConfigHeldHeader is the response header with which the receiver answers
+// every accepted metrics push (an agent's or a relay): which model table it
+// holds, ConfigHead.Held of its stored record, or ConfigHeldNone. An agent
+// sends its record when that is not its own table (and the aggregators pass
+// a summary of their Envoys' answers on to the agents), instead of
+// resending it on a timer; no header (an older receiver) means resend.
+const ConfigHeldHeader = "x-wasm-epp-config"
+
+// ConfigHeldNone is ConfigHeldHeader's value when no record is stored (an
+// Envoy that has just started); ConfigHeldMixed is an aggregator's when
+// its Envoys do not all hold the same table.
+const (
+	ConfigHeldNone  = "none"
+	ConfigHeldMixed = "mixed"
+)
+
 // ConfigLimits bound a configuration record. A zero field means the
 // default shown in DefaultConfigLimits.
 type ConfigLimits struct {
@@ -438,6 +454,25 @@ type ConfigHead struct {
 	Revision ConfigRevision
 	// TableHash is DecodedConfig.TableHash.
 	TableHash uint64
+}
+
+// Held is the record's ConfigHeldHeader value: 16 hex digits of FNV-1a
+// (64 bit) over the table hash and the pool, so two records name the same
+// value exactly when they carry the same table for the same pool, whatever
+// agent sent them and whatever their revisions.
+func (h ConfigHead) Held() string {
+	f := h.TableHash
+	for _, c := range h.Pool {
+		f ^= uint64(c)
+		f *= 1099511628211
+	}
+	const digits = "0123456789abcdef"
+	var out [16]byte
+	for i := 15; i >= 0; i-- {
+		out[i] = digits[f&15]
+		f >>= 4
+	}
+	return string(out[:])
 }
 
 // PeekConfig reads a record's head and hashes its table without decoding

@@ -676,6 +676,11 @@ func (w *Writer) updateDir(st Store, stats *ApplyStats, edit func(*Directory)) e
 	return errf(ErrContention, "dir", -1, "changed during "+strconv.Itoa(maxAttempts)+" attempts; retry")
 }
 
+// SeenConfigGen is the configuration record's generation in the directory
+// as the last Apply read or wrote it (valid after an Apply without error):
+// what the receiver tells the pusher it holds, at no extra read.
+func (w *Writer) SeenConfigGen() uint64 { return w.dir.ConfigGen }
+
 // ConfigGen reads the configuration record's generation from the stored
 // directory (0: no record, or no directory yet).
 func (w *Writer) ConfigGen(st Store) (uint64, error) {

@@ -55,7 +55,8 @@ func main() {
 		chLoads   = flag.String("change-loads", "0.5,0.8,1", "with -changes: loads as fractions of saturation (1 = the fleet reports' knee)")
 		chPolicy  = flag.String("change-policy", "scoring", "with -changes: the routing policy (a scheduler profile)")
 		chWindow  = flag.Duration("change-window", time.Minute, "with -changes: simulated time measured, after as much again of warm-up")
-		resend    = flag.Duration("config-resend", time.Second, "each agent resends its configuration record this often while pushing (the agent's --config-resend; negative: never)")
+		resend    = flag.Duration("config-resend", time.Second, "each agent resends its configuration record this often while pushing when the gateway does not say which table it holds, or with -config-periodic (the agent's --config-resend; negative: never)")
+		periodic  = flag.Bool("config-periodic", false, "the agents resend their configuration records every -config-resend whatever the gateway holds (agents before they read its answers); by default a record goes only when the gateway's answers to the metrics pushes name another table")
 	)
 	flag.Parse()
 	send := wire.SendThresholds{Heartbeat: *heartbeat, Waiting: uint32(*waitDelta), Running: uint32(*runDelta), KVCacheUsage: *kvDelta}
@@ -111,7 +112,7 @@ func main() {
 				cfg := scale.RunConfig{
 					Gateway: scale.GatewayOptions{BinDir: *binDir, Bootstrap: *bootstrap, Wasm: w, CompilationCache: *cache},
 					Mode:    scale.Mode(m), Endpoints: n, PerNode: *perNode, Change: *change, Rate: *rate,
-					Window: *window, Warmup: *warmup, Windows: phaseList, Sample: *sample, ConfigResend: *resend, Logf: logf,
+					Window: *window, Warmup: *warmup, Windows: phaseList, Sample: *sample, ConfigResend: *resend, ConfigPeriodic: *periodic, Logf: logf,
 					Send: send, RelayFullEvery: *fullEvery,
 				}
 				if *workDir != "" {

@@ -23,8 +23,10 @@ import (
 // metrics directory, which routers read on every request anyway; they read
 // the record only when it moved.
 //
-// Every agent resends its record every few seconds, and nearly every
-// resend carries the stored table. So a record is first compared by its
+// Every accepted metrics push is answered with the table stored
+// (heldConfig): agents send their record when that is not theirs, and old
+// agents resend theirs every second whatever the answer; nearly every
+// record then carries the stored table. So a record is first compared by its
 // head and table hash (wire.PeekConfig, no decoding) with what this VM
 // knows of the stored record, as long as the directory still names that
 // record: the same table costs a hash of its bytes and one directory read.
@@ -52,6 +54,13 @@ type configRecords struct {
 	known knownConfig
 	// decodes counts records decoded in full (tests, benchmarks).
 	decodes int
+	// held is the answer to metrics pushes (wire.ConfigHeldHeader) for
+	// the directory's configuration generation heldGen; heldReads counts
+	// the stored records read to make it (tests).
+	heldGen   uint64
+	held      string
+	heldBuf   []byte
+	heldReads int
 }
 
 // knownConfig is the head of the stored record whose generation is gen
@@ -192,4 +201,42 @@ func agentOf(record []byte) string {
 func notNewer(rev wire.ConfigRevision, k *knownConfig) string {
 	return "wire: config.revision: revisions " + rev.String() + " do not pass the stored " + k.revision.String() +
 		" (from agent " + strconv.Quote(k.agent) + ") (" + wire.ErrConfigNotNewer.Error() + ")"
+}
+
+// heldConfig is the wire.ConfigHeldHeader value for an accepted metrics
+// push: the generation comes from the directory that push read or wrote
+// anyway (wire.Writer.SeenConfigGen), and the stored record is read only
+// when that generation moved since this VM last looked. "" (no header:
+// the agent keeps resending on its timer) when the record cannot be read.
+func (r *Receiver) heldConfig() string {
+	cr := &r.config
+	gen := r.writer.SeenConfigGen()
+	if gen == cr.heldGen && cr.held != "" {
+		return cr.held
+	}
+	if gen == 0 {
+		cr.heldGen, cr.held = 0, wire.ConfigHeldNone
+		return cr.held
+	}
+	cr.heldReads++
+	b, _, err := shareddata.Store{}.Get(cr.key, cr.heldBuf[:0])
+	if cap(b) > cap(cr.heldBuf) {
+		cr.heldBuf = b[:0]
+	}
+	if errors.Is(err, wire.ErrNotFound) {
+		// The directory names a record that is not there (shared data
+		// rebuilt underneath): the agents are told to send theirs.
+		cr.heldGen, cr.held = gen, wire.ConfigHeldNone
+		return cr.held
+	}
+	if err != nil {
+		return ""
+	}
+	head, err := wire.PeekConfig(b, wire.ConfigLimits{MaxBytes: len(b)})
+	if err != nil {
+		cr.heldGen, cr.held = gen, wire.ConfigHeldNone // unreadable: a valid record replaces it
+		return cr.held
+	}
+	cr.heldGen, cr.held = gen, head.Held()
+	return cr.held
 }

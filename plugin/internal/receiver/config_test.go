@@ -216,3 +216,58 @@ func TestConfigResendsCostWhatChanged(t *testing.T) {
 	require.Equal(t, uint32(204), post(record(t, "node-8", 21, 30)))
 	assert.Equal(t, 3, r.config.decodes)
 }
+
+// TestPushAnswersNameTheHeldTable: every accepted metrics push is answered
+// with the stored table (wire.ConfigHeldHeader), "none" before one; the
+// answer comes from the directory the push read anyway, and the record
+// itself is read once per generation, not per push.
+func TestPushAnswersNameTheHeldTable(t *testing.T) {
+	host, recv := newHostReceiver(t, `{"role":"receiver"}`)
+	heldIn := func(r sent) string {
+		for _, h := range r.headers {
+			if h[0] == wire.ConfigHeldHeader {
+				return h[1]
+			}
+		}
+		return ""
+	}
+	p := push(t, "node-a", 1, "pod-1")
+	r := send(t, host, pushHeaders(testToken, len(p)), p, 0)
+	require.Equal(t, uint32(204), r.status)
+	assert.Equal(t, wire.ConfigHeldNone, heldIn(r))
+
+	rec := record(t, "node-a", 10, 100)
+	r = send(t, host, configHeaders(testToken, len(rec)), rec, 0)
+	require.Equal(t, uint32(204), r.status)
+	assert.Empty(t, heldIn(r), "records' own answers say nothing")
+	head, err := wire.PeekConfig(rec, wire.ConfigLimits{})
+	require.NoError(t, err)
+	for seq := uint64(2); seq < 12; seq++ {
+		p = push(t, "node-a", seq, "pod-1")
+		r = send(t, host, pushHeaders(testToken, len(p)), p, 0)
+		require.Equal(t, uint32(204), r.status)
+		assert.Equal(t, head.Held(), heldIn(r))
+	}
+	assert.Equal(t, 1, recv.config.heldReads, "the record is read once for its generation")
+
+	// Another agent's record with the same table: the same answer.
+	same := record(t, "node-b", 11, 100)
+	sameHead, err := wire.PeekConfig(same, wire.ConfigLimits{})
+	require.NoError(t, err)
+	assert.Equal(t, head.Held(), sameHead.Held())
+
+	// A newer table: the next answer names it.
+	newer := record(t, "node-b", 12, 30)
+	require.Equal(t, uint32(204), send(t, host, configHeaders(testToken, len(newer)), newer, 0).status)
+	newerHead, err := wire.PeekConfig(newer, wire.ConfigLimits{})
+	require.NoError(t, err)
+	require.NotEqual(t, head.Held(), newerHead.Held())
+	p = push(t, "node-a", 20, "pod-1")
+	r = send(t, host, pushHeaders(testToken, len(p)), p, 0)
+	assert.Equal(t, newerHead.Held(), heldIn(r))
+
+	// A refused push says nothing (the pusher keeps what it knew).
+	r = send(t, host, pushHeaders(testToken, len(p)), p, 0)
+	assert.Equal(t, uint32(409), r.status)
+	assert.Empty(t, heldIn(r))
+}

@@ -191,6 +191,11 @@ func (c *pushContext) OnHttpRequestBody(bodySize int, endOfStream bool) types.Ac
 	}
 	status, outcome, msg := apply(body)
 	if status == 204 {
+		if !c.config {
+			if held := c.r.heldConfig(); held != "" {
+				return c.reply(204, outcome, "", "", [2]string{wire.ConfigHeldHeader, held})
+			}
+		}
 		return c.reply(204, outcome, "", "")
 	}
 	return c.reply(status, outcome, outcome, msg)
