@@ -73,7 +73,7 @@ bench-flow: cmds ## Flow-control fleet benchmark (about 25 min on 2 shared cores
 SCALE_V1 ?= 4132b91
 SCALE_OUT ?= e2e/results/scale
 
-bench-scale: build ## Metrics path at fleet sizes (about 45 min): pushes and config resends into the real .wasm with 4 router VMs; writes $(SCALE_OUT)/.
+bench-scale: build ## Metrics path at fleet sizes (about 45 min): pushes and configuration records into the real .wasm with 4 router VMs; writes $(SCALE_OUT)/.
 	@mkdir -p $(SCALE_OUT)
 	@rm -rf $(BIN)/scale-v1 && mkdir -p $(BIN)/scale-v1 && git archive $(SCALE_V1) | tar -x -C $(BIN)/scale-v1 && \
 	  sed -i 's/MaxAgents:         256,/MaxAgents:         4096,/; s/MaxTotalEndpoints: 4096,/MaxTotalEndpoints: 16384,/' $(BIN)/scale-v1/scheduler/wire/limits.go && \
