@@ -52,3 +52,26 @@ func BenchmarkUsageScanHostResponse(b *testing.B) {
 		b.Fatal("no usage found")
 	}
 }
+
+// BenchmarkUsageScanLongResponse: a 4 KiB completion before the usage,
+// searched (the scanner) or tokenized byte by byte (as before it searched).
+func BenchmarkUsageScanLongResponse(b *testing.B) {
+	resp := []byte(`{"id":"x","choices":[{"index":0,"message":{"role":"assistant","content":` +
+		strconv.Quote(strings.Repeat("Sure, here is the \"code\": {x: 1}.\n", 4096/36)) +
+		`}}],"usage":{"prompt_tokens":1000,"completion_tokens":900,"prompt_tokens_details":{"cached_tokens":960}}}`)
+	for _, everywhere := range []bool{false, true} {
+		b.Run(map[bool]string{false: "search", true: "tokenize"}[everywhere], func(b *testing.B) {
+			var s UsageScanner
+			b.SetBytes(int64(len(resp)))
+			for b.Loop() {
+				s.Reset()
+				s.everywhere = everywhere
+				s.Write(resp)
+				s.Finish()
+			}
+			if _, c, _, hc := s.Result(); !hc || c != 960 {
+				b.Fatal("no usage found")
+			}
+		})
+	}
+}

@@ -14,7 +14,25 @@ import "encoding/binary"
 // It is a tolerant tokenizer, not a validator: bytes outside JSON values
 // ("data: " prefixes) are skipped, and a raw newline inside a string (which
 // JSON forbids, so it can only be the end of a broken event) resets it.
+//
+// Outside a usage object it does not tokenize at all: it searches for the
+// raw bytes "usage" (quotes included) not preceded by a backslash, which in
+// valid JSON can only be a string token, and tokenizes from there until
+// that value ends. Tokenizing every byte was most of the cost of reading a
+// response in a Wasm guest, and a response's usage is its last few dozen
+// bytes.
 type UsageScanner struct {
+	// tokenizing: at a "usage" string, until its value ends; else
+	// searching. tail holds the last bytes searched (a key split across
+	// chunks) and before the byte preceding them.
+	tokenizing bool
+	// everywhere tokenizes every byte, never searching (tests compare
+	// the search with it).
+	everywhere bool
+	tail       [len(usageToken) - 1]byte
+	tailLen    int
+	before     byte
+
 	inString, escaped bool
 	depth             int
 	// key holds the start of the last string (to compare with the keys of
@@ -52,9 +70,16 @@ func (s *UsageScanner) Result() (prompt, cached int64, havePrompt, haveCached bo
 	return s.prompt, s.cached, s.havePrompt, s.haveCached
 }
 
+// usageToken is the key searched for.
+const usageToken = `"usage"`
+
 // Write scans the next chunk.
 func (s *UsageScanner) Write(p []byte) {
 	for i := 0; i < len(p); {
+		if !s.tokenizing && !s.everywhere {
+			i = s.search(p, i)
+			continue
+		}
 		if s.inString {
 			i = s.scanString(p, i)
 			continue
@@ -101,13 +126,16 @@ func (s *UsageScanner) Write(p []byte) {
 			}
 			s.depth = max(s.depth-1, 0)
 			s.pending, s.openPending = keyNone, keyNone
+			s.searchAgain(c)
 		case '[':
 			s.depth++
 			s.pending, s.openPending = keyNone, keyNone
 		case ']':
 			s.depth = max(s.depth-1, 0)
+			s.searchAgain(c)
 		case ',':
 			s.pending, s.openPending, s.keyLen = keyNone, keyNone, 0
+			s.searchAgain(c)
 		case ' ', '\t', '\r':
 		case '\n':
 			if s.depth == 0 {
@@ -118,8 +146,136 @@ func (s *UsageScanner) Write(p []byte) {
 				s.inNumber, s.number, s.numberFor = true, int64(c-'0'), s.pending
 			}
 			s.pending, s.openPending = keyNone, keyNone
+			s.searchAgain(c)
 		}
 	}
+}
+
+// searchAgain goes back to searching once the tokenized usage value (or
+// the "usage" string that was not a key) has ended; c is the byte just
+// read.
+func (s *UsageScanner) searchAgain(c byte) {
+	if s.usageDepth == 0 && s.openPending == keyNone && !s.inNumber {
+		s.tokenizing, s.tailLen, s.before = false, 0, c
+	}
+}
+
+// search looks for the "usage" string from p[i:], also where it straddles
+// the previous chunk, and returns where tokenizing starts (len(p) when
+// not found).
+func (s *UsageScanner) search(p []byte, i int) int {
+	// A token that began in the tail: at most len(tail) starts to try.
+	for q := 0; q < s.tailLen; q++ {
+		if s.tokenAt(p[i:], q) {
+			head, n := s.tail, s.tailLen
+			s.startTokenizing()
+			s.Write(head[q:n]) // then p, tokenizing
+			return i
+		}
+	}
+	for off := i; ; {
+		k := indexUsageToken(p, off)
+		if k < 0 {
+			break
+		}
+		prev := s.before
+		switch {
+		case k > i:
+			prev = p[k-1]
+		case s.tailLen > 0:
+			prev = s.tail[s.tailLen-1]
+		}
+		if prev != '\\' {
+			s.startTokenizing()
+			return k
+		}
+		off = k + 1
+	}
+	s.keepTail(p[i:])
+	return len(p)
+}
+
+// indexUsageToken returns the offset of the first usageToken in p from
+// i, or -1. It looks for quotes a word at a time: bytes.Index has no
+// vector code in a Wasm guest and cost as much as tokenizing.
+func indexUsageToken(p []byte, i int) int {
+	const ones, highs = 0x0101010101010101, 0x8080808080808080
+	for {
+		for i+8 <= len(p) {
+			q := binary.LittleEndian.Uint64(p[i:]) ^ (ones * '"')
+			if (q-ones)&^q&highs != 0 {
+				break
+			}
+			i += 8
+		}
+		for i < len(p) && p[i] != '"' {
+			i++
+		}
+		if i+len(usageToken) > len(p) {
+			return -1
+		}
+		if string(p[i:i+len(usageToken)]) == usageToken {
+			return i
+		}
+		i++
+	}
+}
+
+// tokenAt reports whether the stream tail[q:tailLen] + p holds the token
+// at q, not escaped.
+func (s *UsageScanner) tokenAt(p []byte, q int) bool {
+	for j := range len(usageToken) {
+		x := q + j
+		var c byte
+		switch {
+		case x < s.tailLen:
+			c = s.tail[x]
+		case x-s.tailLen < len(p):
+			c = p[x-s.tailLen]
+		default:
+			return false // the rest may come with the next chunk
+		}
+		if c != usageToken[j] {
+			return false
+		}
+	}
+	prev := s.before
+	if q > 0 {
+		prev = s.tail[q-1]
+	}
+	return prev != '\\'
+}
+
+// keepTail keeps the last bytes of the stream searched so far (tail, then
+// p), and the byte before them.
+func (s *UsageScanner) keepTail(p []byte) {
+	n := len(s.tail)
+	if len(p) >= n {
+		if len(p) > n {
+			s.before = p[len(p)-n-1]
+		} else if s.tailLen > 0 {
+			s.before = s.tail[s.tailLen-1]
+		}
+		s.tailLen = copy(s.tail[:], p[len(p)-n:])
+		return
+	}
+	var w [2 * len(s.tail)]byte
+	m := copy(w[:], s.tail[:s.tailLen])
+	m += copy(w[m:], p)
+	if m > n {
+		s.before = w[m-n-1]
+		s.tailLen = copy(s.tail[:], w[m-n:m])
+		return
+	}
+	s.tailLen = copy(s.tail[:], w[:m])
+}
+
+// startTokenizing starts the tokenizer at a "usage" string: depths count
+// from there.
+func (s *UsageScanner) startTokenizing() {
+	s.tokenizing, s.tailLen = true, 0
+	s.depth, s.usageDepth, s.detailsDepth = 0, 0, 0
+	s.pending, s.openPending, s.inString, s.inNumber = keyNone, keyNone, false, false
 }
 
 func (s *UsageScanner) endNumber() {
@@ -195,7 +351,7 @@ func (s *UsageScanner) scanString(p []byte, i int) int {
 		case '\\':
 			s.escaped = true
 		default: // '\n': not JSON, a broken event. Start over.
-			*s = UsageScanner{prompt: s.prompt, cached: s.cached, havePrompt: s.havePrompt, haveCached: s.haveCached}
+			*s = UsageScanner{prompt: s.prompt, cached: s.cached, havePrompt: s.havePrompt, haveCached: s.haveCached, everywhere: s.everywhere}
 			return i
 		}
 	}

@@ -1,6 +1,9 @@
 package prefix
 
 import (
+	"encoding/json"
+	"fmt"
+	"math/rand/v2"
 	"strings"
 	"testing"
 )
@@ -129,6 +132,105 @@ func FuzzUsageScanner(f *testing.F) {
 		}
 		if a1 < 0 || b1 < 0 {
 			t.Fatalf("negative counts %d %d", a1, b1)
+		}
+	})
+}
+
+// scanEverywhere is the scanner tokenizing every byte, as it did before
+// it searched for the "usage" key.
+func scanEverywhere(chunks ...[]byte) usageResult {
+	s := UsageScanner{everywhere: true}
+	for _, c := range chunks {
+		s.Write(c)
+	}
+	s.Finish()
+	p, c, hp, hc := s.Result()
+	return usageResult{p, c, hp, hc}
+}
+
+func scanChunks(chunks ...[]byte) usageResult {
+	var s UsageScanner
+	for _, c := range chunks {
+		s.Write(c)
+	}
+	s.Finish()
+	p, c, hp, hc := s.Result()
+	return usageResult{p, c, hp, hc}
+}
+
+// Searching for the key finds what tokenizing everything finds, on
+// responses full of decoys ("usage" in strings, escaped, as a value, as a
+// longer key, null usage in earlier events), split anywhere.
+func TestUsageSearchFindsWhatTokenizingFinds(t *testing.T) {
+	r := rand.New(rand.NewPCG(33, 34))
+	decoys := []string{
+		`"content":"the \"usage\": {\"prompt_tokens\": 9}"`, `"role":"usage"`, `"usage_x":{"prompt_tokens":5}`,
+		`"x\\":"usage"`, `"say \"usage":{"prompt_tokens":777}`, `"usage":null`, `"a":"\\\"usage\\\""`, `"n":[1,{"usage":null},"usage"]`, `"usage" : null`,
+	}
+	for trial := range 400 {
+		var b strings.Builder
+		events := 1 + r.IntN(3)
+		for e := range events {
+			if r.IntN(2) == 0 {
+				b.WriteString("data: ")
+			}
+			b.WriteString(`{"id":"c"`)
+			for range r.IntN(4) {
+				b.WriteString("," + decoys[r.IntN(len(decoys))])
+			}
+			if e == events-1 || r.IntN(3) == 0 {
+				fmt.Fprintf(&b, `, "usage" :{"prompt_tokens":%d,"x":{"prompt_tokens":1},"prompt_tokens_details":{"cached_tokens":%d}}`, r.IntN(5000), r.IntN(5000))
+			}
+			for range r.IntN(3) { // decoys after the usage too
+				b.WriteString("," + decoys[r.IntN(len(decoys))])
+			}
+			b.WriteString("}\n\n")
+		}
+		body := []byte(b.String())
+		want := scanEverywhere(body)
+		if !want.havePrompt || !want.haveCached {
+			t.Fatalf("trial %d: the reference found no usage in %s", trial, body)
+		}
+		if got := scanChunks(body); got != want {
+			t.Fatalf("trial %d: whole %+v, want %+v\n%s", trial, got, want, body)
+		}
+		for range 20 {
+			i, j := r.IntN(len(body)+1), r.IntN(len(body)+1)
+			i, j = min(i, j), max(i, j)
+			if got := scanChunks(body[:i], body[i:j], body[j:]); got != want {
+				t.Fatalf("trial %d: split at %d, %d: %+v, want %+v\n%s", trial, i, j, got, want, body)
+			}
+		}
+		// Byte by byte.
+		chunks := make([][]byte, len(body))
+		for i := range body {
+			chunks[i] = body[i : i+1]
+		}
+		if got := scanChunks(chunks...); got != want {
+			t.Fatalf("trial %d: byte by byte %+v, want %+v", trial, got, want)
+		}
+	}
+}
+
+// FuzzUsageSearch: on valid JSON, searching for the key gives what
+// tokenizing every byte gives, whole or in two chunks.
+func FuzzUsageSearch(f *testing.F) {
+	f.Add([]byte(chatResponse), 10)
+	f.Add([]byte(`{"a":"\"usage\"","usage":{"prompt_tokens":1,"prompt_tokens_details":{"cached_tokens":1}}}`), 3)
+	f.Add([]byte(`["usage",{"usage":null},{"usage":{"prompt_tokens":2}}]`), 9)
+	f.Fuzz(func(t *testing.T, body []byte, split int) {
+		if !json.Valid(body) {
+			return
+		}
+		want := scanEverywhere(body)
+		if got := scanChunks(body); got != want {
+			t.Fatalf("whole: %+v, want %+v", got, want)
+		}
+		if len(body) > 0 {
+			split = ((split % len(body)) + len(body)) % len(body)
+		}
+		if got := scanChunks(body[:split], body[split:]); got != want {
+			t.Fatalf("split at %d: %+v, want %+v", split, got, want)
 		}
 	})
 }
