@@ -110,6 +110,10 @@ type Window struct {
 	CASRetries, Contention int64
 	Refreshes              int64
 	RefreshMicros          float64
+	// DecideCount and DecideMicros: the scheduler's time per decision
+	// (inside RequestUs).
+	DecideCount  int64
+	DecideMicros float64
 	// Staleness probes (push sent -> visible to a router).
 	Lags          []time.Duration
 	Missed, Polls int
@@ -351,6 +355,7 @@ func measure(ctx context.Context, gw *Gateway, ph Phase, d, sample time.Duration
 	w.RequestCount, w.RequestUs = b.stats.HistDelta(a.stats, "wasm_epp.request_us")
 	w.ConfigCount, w.ConfigMicros = b.stats.HistDelta(a.stats, "wasm_epp.receiver.config_apply_us")
 	w.Refreshes, w.RefreshMicros = b.stats.HistDelta(a.stats, "wasm_epp.snapshot.refresh_us")
+	w.DecideCount, w.DecideMicros = b.stats.HistDelta(a.stats, "wasm_epp.schedule_us")
 	w.CASRetries = b.stats.Delta(a.stats, "wasm_epp.receiver.cas_retries")
 	w.Contention = b.stats.Delta(a.stats, "wasm_epp.receiver.contention")
 	w.GuestMemory = b.stats.Values["wasm_epp.vm.memory_bytes"]

@@ -190,6 +190,9 @@ func report(r *scale.Result) {
 		if w.RequestCount > 0 {
 			line += fmt.Sprintf("  req %.0f µs (%d)", w.RequestUs/float64(w.RequestCount), w.RequestCount)
 		}
+		if w.DecideCount > 0 {
+			line += fmt.Sprintf("  decide %.0f µs", w.DecideMicros/float64(w.DecideCount))
+		}
 		if w.Refreshes > 0 {
 			line += fmt.Sprintf("  refresh %.0f µs ×%d", w.RefreshMicros/float64(w.Refreshes), w.Refreshes)
 		}
