@@ -608,6 +608,13 @@ func (s *Scheduler) Observe(req *Request, res Result) {
 	}
 }
 
+// IndexRebuilds counts the times the Scheduler rebuilt its snapshot index
+// from every endpoint (a new or Changed snapshot, or more metric changes
+// than are worth applying one by one): a snapshot's owner that reports
+// changes endpoint by endpoint (Snapshot.MetricsChanged) can check it
+// causes none.
+func (s *Scheduler) IndexRebuilds() int { return s.index.rebuilds }
+
 // CountsRoutedSinceSnapshot reports whether Observe counts routed requests
 // (Config.CountRoutedSinceSnapshot with its default applied).
 func (s *Scheduler) CountsRoutedSinceSnapshot() bool { return s.countRouted }

@@ -330,7 +330,7 @@ func (c *Cache) readSegment(st Store, k int, dirGen uint32) (moved, strs bool, e
 		}
 		kept++
 		n += bi.Len
-		strs, moved = true, moved || at >= len(cur) || cur[at].Len != bi.Len
+		moved = moved || at >= len(cur) || cur[at].Len != bi.Len
 		var bs *blockStrings
 		for jj, o := range sv.cur.Blocks { // same strings, other endpoints or adapters?
 			if bytes.Equal(o.AgentID(), blk.AgentID()) && equalBytes(o.StringTable(), blk.StringTable()) {
@@ -342,6 +342,11 @@ func (c *Cache) readSegment(st Store, k int, dirGen uint32) (moved, strs bool, e
 			c.stats.Rebuilds++
 			bs = &blockStrings{strs: blk.Strings(nil)}
 		}
+		// A new string table naming the endpoints the block in its place
+		// named (the agent's encoder dropped or added adapter names) keeps
+		// every endpoint's identity, address and position: its endpoints
+		// are rewritten, but nothing kept per endpoint elsewhere goes stale.
+		strs = strs || moved || !sameEndpoints(blk, bs.strs, sv.cur.Blocks[at], sv.strs[at].strs.strs)
 		sv.nextStrs = append(sv.nextStrs, blockRead{bs, false, false, false})
 	}
 	sv.next.Blocks, sv.next.Info = sv.next.Blocks[:kept], next[:kept]
@@ -375,6 +380,25 @@ func (c *Cache) readSegment(st Store, k int, dirGen uint32) (moved, strs bool, e
 	moved = moved || n != sv.n
 	sv.n = n
 	return moved, strs || moved, err
+}
+
+// sameEndpoints reports whether blocks a and b (with strings sa and sb)
+// name the same endpoints (namespace, name, address, port) in the same
+// order. Both blocks passed their checks, so every string index is in
+// range.
+func sameEndpoints(a Block, sa []string, b Block, sb []string) bool {
+	n := a.Len()
+	if n != b.Len() {
+		return false
+	}
+	for r := 0; r < n; r++ {
+		ra, rb := a.Record(r), b.Record(r)
+		if ra.Port() != rb.Port() || sa[ra.Name()] != sb[rb.Name()] || sa[ra.Address()] != sb[rb.Address()] ||
+			sa[ra.Namespace()] != sb[rb.Namespace()] {
+			return false
+		}
+	}
+	return true
 }
 
 // checkNew checks a block whose identity the cache has not read before.

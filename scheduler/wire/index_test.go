@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/wasm-epp/wasm-epp/scheduler"
@@ -94,5 +95,73 @@ func testInPlaceRefresh(t *testing.T, profile string, kinds int) {
 				require.Equal(t, b.Outcome, a.Outcome, "round %d request %d: outcome", round, i)
 			}
 		}
+	}
+}
+
+// TestNewStringTableKeepsEndpointIdentities: a block whose string table
+// changes (an agent's encoder dropped or added adapter names) while it
+// names the same endpoints at the same addresses is, for everything kept
+// per endpoint, a change of values: the cache's Identity stays and a
+// Scheduler's index is told which endpoints changed, not that the whole
+// snapshot did (which made every router VM rebuild its index after
+// almost every relay at 1,000 endpoints). A renamed endpoint still moves
+// Identity.
+func TestNewStringTableKeepsEndpointIdentities(t *testing.T) {
+	st := &MemStore{}
+	w := NewWriter(testKeys, Limits{}, time.Hour)
+	require.NoError(t, w.Init(st))
+	const agents = 150 // 300 endpoints: indexed
+	push := func(id string, seq uint64, eps []EndpointState, d time.Duration) {
+		t.Helper()
+		_, err := w.Apply(st, agentPush(t, id, seq, at(d), eps), at(d)) // a new encoder each time: a new table
+		require.NoError(t, err)
+	}
+	for i := range agents {
+		id := fmt.Sprintf("node-%03d", i)
+		push(id, 1, agentState(id, 2, uint32(i), at(0)), 0)
+	}
+	c := NewCache(testKeys, Limits{})
+	snap, _, err := c.Refresh(st)
+	require.NoError(t, err)
+	cfg, err := scheduler.DecodeConfig([]byte(`{"profile": "decision-tree"}`))
+	require.NoError(t, err)
+	s, err := scheduler.New(cfg, nil, scheduler.Options{Rand: rand.NewPCG(1, 2)})
+	require.NoError(t, err)
+	req := &scheduler.Request{Model: "base", Criticality: scheduler.Critical}
+	for range 3 { // indexed from the second look
+		s.Schedule(req, snap)
+	}
+	ident := c.Identity()
+	rebuilds := s.IndexRebuilds()
+
+	// node-007's adapters change to a name its table never held: a new
+	// identity for its block, the same two endpoints.
+	eps := agentState("node-007", 2, 7, at(0))
+	eps[0].ActiveAdapters = []string{"brand-new-adapter"}
+	push("node-007", 2, eps, 50*time.Millisecond)
+	snap, changed, err := c.Refresh(st)
+	require.NoError(t, err)
+	require.True(t, changed)
+	assert.Equal(t, ident, c.Identity(), "same endpoints, same addresses: Identity stays")
+	assert.Equal(t, []string{"brand-new-adapter"}, byName(snap)[eps[0].Name].Metrics.ActiveModels)
+	s.Schedule(req, snap)
+	s.Schedule(req, snap) // a rebuild waits for the second look
+	assert.Equal(t, rebuilds, s.IndexRebuilds(), "two endpoints changed: applied one by one, no rebuild")
+	fresh := snapshotOf(t, st)
+	for i := range fresh.Endpoints {
+		assert.Equal(t, fresh.Endpoints[i], snap.Endpoints[i], "endpoint %d as a fresh cache reads it", i)
+	}
+
+	// The same agent renames a pod: identities moved.
+	eps[1].Name = "node-007-renamed"
+	Normalize(eps)
+	push("node-007", 3, eps, 100*time.Millisecond)
+	snap, _, err = c.Refresh(st)
+	require.NoError(t, err)
+	assert.NotEqual(t, ident, c.Identity(), "an endpoint renamed: Identity moves")
+	assert.Contains(t, byName(snap), "node-007-renamed")
+	fresh = snapshotOf(t, st)
+	for i := range fresh.Endpoints {
+		assert.Equal(t, fresh.Endpoints[i].ID, snap.Endpoints[i].ID, "endpoint %d", i)
 	}
 }
