@@ -62,6 +62,9 @@ type snapIndex struct {
 	orders []order
 
 	wait waiting // the state a rebuild is waiting for a second decision on
+	// looks counts the decisions since wait was set; churnRun is what it
+	// reached when the latest metric churn replaced the state before.
+	looks, churnRun int
 	// eager rebuilds at once (tests and benchmarks of the rebuild).
 	eager bool
 
@@ -171,10 +174,15 @@ func endpointsBase(snap *Snapshot) uintptr {
 // Changed one, or more changes than are worth applying one by one need a
 // rebuild, which costs a few scans of the snapshot (BENCHMARKS.md): it is
 // made on the second decision that finds the same endpoints (after metric
-// churn: the same metrics), and the first one scans. Changes that come
-// faster than decisions are therefore scanned as they were without an
-// index, and an index is only paid for when decisions will use it.
+// churn: the same metrics), and the first one scans. Metric churn that
+// came again within fewer than churnBuildLooks decisions waits for that
+// many looks instead (a router re-reading relays that rewrite most
+// endpoints, with a few requests between two relays, would otherwise pay
+// a scan and a rebuild per relay instead of a few scans). Changes that
+// come faster than decisions are therefore scanned as they were without
+// an index, and an index is only paid for when decisions will use it.
 func (x *snapIndex) sync(snap *Snapshot, c *Cycle) bool {
+	x.looks++
 	id := snap.identity()
 	var oldest time.Time
 	if x.staleAfter > 0 {
@@ -206,8 +214,14 @@ func (x *snapIndex) sync(snap *Snapshot, c *Cycle) bool {
 			w.gen = l.gen
 		}
 		if w != x.wait && !x.eager {
-			x.wait = w
+			if churn {
+				x.churnRun = x.looks - 1
+			}
+			x.wait, x.looks = w, 1
 			return false
+		}
+		if churn && !x.eager && x.churnRun < churnBuildLooks && x.looks < churnBuildLooks {
+			return false // churn faster than decisions: a rebuild would not pay
 		}
 		x.build(snap, id, oldest)
 	}
@@ -216,6 +230,13 @@ func (x *snapIndex) sync(snap *Snapshot, c *Cycle) bool {
 	}
 	return x.nBad == 0
 }
+
+// churnBuildLooks is how many decisions metric churn must leave to a
+// rebuild for it to pay: a rebuild costs about four scanning decisions
+// (BENCHMARKS.md). After churn that replaced the previous state sooner,
+// the index is rebuilt only on this many looks at the same metrics;
+// otherwise on the second.
+const churnBuildLooks = 4
 
 // waiting names the snapshot state a rebuild waits to see twice.
 type waiting struct {

@@ -299,7 +299,8 @@ func TestIndexBuildsUnderMetricsChurn(t *testing.T) {
 	require.Equal(t, 5, x.decisions)
 
 	// More metric changes between two decisions than are worth applying
-	// one by one still wait for a quiet second look.
+	// one by one still wait for quiet looks: churn that came again after
+	// one decision waits for churnBuildLooks of them.
 	for round := 0; round < 2; round++ {
 		for i := range snap.Endpoints {
 			snap.Endpoints[i].Metrics.WaitingQueueSize++
@@ -308,6 +309,10 @@ func TestIndexBuildsUnderMetricsChurn(t *testing.T) {
 		s.Schedule(req, snap)
 	}
 	require.Equal(t, 2, x.rebuilds, "changes faster than decisions: scanned")
+	for range churnBuildLooks - 2 {
+		s.Schedule(req, snap)
+	}
+	require.Equal(t, 2, x.rebuilds, "fewer than churnBuildLooks quiet looks")
 	s.Schedule(req, snap)
 	require.Equal(t, 3, x.rebuilds)
 }
@@ -346,4 +351,46 @@ func TestMetricsChangedBeforeIndexing(t *testing.T) {
 	require.Zero(t, testing.AllocsPerRun(100, func() { snap.MetricsChanged(3); snap.Changed() }))
 	require.Nil(t, snap.changes.ring)
 	require.Zero(t, snap.changes.gen)
+}
+
+// TestIndexNotRebuiltForChurnFasterThanDecisions: when most endpoints'
+// metrics are rewritten between every two or three decisions (a router
+// re-reading a relay that moved most of the fleet), each rebuild would be
+// used by one decision at most: the decisions scan instead, as they are
+// the same either way. Once the churn leaves churnBuildLooks decisions to
+// one state, the index is built and used again.
+func TestIndexNotRebuiltForChurnFasterThanDecisions(t *testing.T) {
+	o := seeded(1)
+	o.IndexMinEndpoints = 1
+	s := newScheduler(t, `{"profile": "decision-tree"}`, o)
+	scan := newScheduler(t, `{"profile": "decision-tree"}`, seeded(1))
+	scan.indexFrom = -1
+	r := newRand(9)
+	snap := randomSnapshot(r, 300)
+	req := &Request{Model: adapterName(1), Criticality: Critical}
+	x := s.index
+	decide := func(step int) {
+		t.Helper()
+		requireSameResult(t, step, s.Schedule(req, snap), scan.Schedule(req, snap))
+	}
+	for k := range 8 { // a quiet start: built on the second look
+		decide(k)
+	}
+	require.Equal(t, 1, x.rebuilds)
+	for round := range 30 {
+		for i := range snap.Endpoints {
+			drift(r, &snap.Endpoints[i].Metrics)
+			snap.MetricsChanged(i)
+		}
+		for k := range 2 + round%2 { // two or three decisions per change
+			decide(100*round + k)
+		}
+	}
+	require.LessOrEqual(t, x.rebuilds, 2, "churn between every few decisions: scanned, not rebuilt each time")
+	before, used := x.rebuilds, x.decisions
+	for k := range churnBuildLooks {
+		decide(10_000 + k)
+	}
+	require.Equal(t, before+1, x.rebuilds, "the churn stopped: built within churnBuildLooks looks")
+	require.Greater(t, x.decisions, used, "and used")
 }
