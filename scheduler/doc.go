@@ -83,8 +83,10 @@
 // The index follows the snapshot through Snapshot.MetricsChanged (that
 // endpoint moves in each order: O(log N) plus the entries it passes) and
 // Snapshot.Changed or a new Snapshot (rebuilt, about four scans' worth, on
-// the second decision that sees it, so changes that come faster than
-// decisions cost no more than scanning). Observe updates it itself.
+// the second decision that sees it, or after metric churn that came back
+// within fewer than four decisions on the fourth, so changes that come
+// faster than decisions cost no more than scanning). Observe updates it
+// itself.
 //
 // # The seed
 //
