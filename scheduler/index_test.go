@@ -232,16 +232,23 @@ func requireSameResult(t *testing.T, step int, a, b Result) {
 	require.Equal(t, a.Index >= 0, a.Endpoint != nil)
 }
 
+// indexedTree returns a decision-tree scheduler that indexes from the
+// first endpoint, a 300-endpoint snapshot and a request for one adapter:
+// the setting of the index rebuild tests.
+func indexedTree(t *testing.T) (*Scheduler, *Snapshot, *Request) {
+	t.Helper()
+	o := seeded(1)
+	o.IndexMinEndpoints = 1
+	s := newScheduler(t, `{"profile": "decision-tree"}`, o)
+	return s, randomSnapshot(newRand(5), 300), &Request{Model: adapterName(1), Criticality: Critical}
+}
+
 // TestIndexRebuildWaitsForASecondDecision: a rebuild costs a few scans, so
 // the first decision after a wholesale change scans and the second, on
 // the same state, builds the index and uses it; changes to a few
 // endpoints are applied without a rebuild.
 func TestIndexRebuildWaitsForASecondDecision(t *testing.T) {
-	o := seeded(1)
-	o.IndexMinEndpoints = 1
-	s := newScheduler(t, `{"profile": "decision-tree"}`, o)
-	snap := randomSnapshot(newRand(5), 300)
-	req := &Request{Model: adapterName(1), Criticality: Critical}
+	s, snap, req := indexedTree(t)
 	x := s.index
 	decide := func() { s.Schedule(req, snap) }
 
@@ -275,11 +282,7 @@ func TestIndexRebuildWaitsForASecondDecision(t *testing.T) {
 // for a second look at the same endpoints, not at the same metrics, since
 // metric changes after the build are applied one by one.
 func TestIndexBuildsUnderMetricsChurn(t *testing.T) {
-	o := seeded(1)
-	o.IndexMinEndpoints = 1
-	s := newScheduler(t, `{"profile": "decision-tree"}`, o)
-	snap := randomSnapshot(newRand(5), 300)
-	req := &Request{Model: adapterName(1), Criticality: Critical}
+	s, snap, req := indexedTree(t)
 	x := s.index
 	for i := 0; i < 4; i++ {
 		s.Schedule(req, snap)
