@@ -27,9 +27,6 @@ type binResult struct {
 	err   error
 }
 
-func agentFlags(t *testing.T) []string {
-	return commandFlags(t, "metricsagent", "./metricsagent/cmd/metricsagent")
-}
 func simFlags(t *testing.T) []string { return commandFlags(t, "vllm-sim", "./e2e/cmd/vllm-sim") }
 
 func commandFlags(t *testing.T, name, pkg string) []string {

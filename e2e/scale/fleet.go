@@ -110,15 +110,6 @@ func NewFleet(endpoints, perNode int, port uint16, seed uint64, probe bool) *Fle
 	return f
 }
 
-// Endpoints counts the fleet's endpoints (the probe's included).
-func (f *Fleet) Endpoints() int {
-	n := 0
-	for _, a := range f.Agents {
-		n += len(a.Eps)
-	}
-	return n
-}
-
 // Step advances the agent by one scrape at now: with probability change
 // each endpoint's queue, running count and KV-cache use move (a busy fleet
 // moves every scrape), and one scrape in five its running adapters (drawn
