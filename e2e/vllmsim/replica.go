@@ -4,7 +4,9 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"slices"
 	"sort"
+	"strings"
 	"time"
 )
 
@@ -385,6 +387,10 @@ type Replica struct {
 	running    []*Request
 	adapters   []adapterState // index = adapter id; 0 is the base model
 	adapterIDs map[string]int
+	// byName lists the adapter ids but the base model's, sorted by name,
+	// so that Metrics lists adapters in order without sorting them (the
+	// fleet benchmark reads every replica's Metrics at every scrape).
+	byName []int
 	// waitingCount counts waiting requests; waitingPrefill estimates their
 	// prefill tokens (see Load).
 	waitingCount   int
@@ -472,6 +478,8 @@ func (r *Replica) Submit(req *Request, now time.Duration) error {
 		id = len(r.adapters)
 		r.adapterIDs[req.Adapter] = id
 		r.adapters = append(r.adapters, adapterState{name: req.Adapter, key: adapterKey(req.Adapter), lastUsed: -1})
+		at, _ := slices.BinarySearchFunc(r.byName, req.Adapter, func(id int, name string) int { return strings.Compare(r.adapters[id].name, name) })
+		r.byName = slices.Insert(r.byName, at, id)
 	}
 	req.adapterID = int32(id)
 	req.Arrival = now
@@ -690,8 +698,8 @@ func (r *Replica) Metrics() Metrics {
 		KVBlocksCached: r.pool.hashed,
 		Counters:       r.stats,
 	}
-	for i := 1; i < len(r.adapters); i++ {
-		a := &r.adapters[i]
+	for _, id := range r.byName {
+		a := &r.adapters[id]
 		if a.running > 0 {
 			m.RunningAdapters = append(m.RunningAdapters, a.name)
 		}
@@ -699,8 +707,6 @@ func (r *Replica) Metrics() Metrics {
 			m.WaitingAdapters = append(m.WaitingAdapters, a.name)
 		}
 	}
-	sort.Strings(m.RunningAdapters)
-	sort.Strings(m.WaitingAdapters)
 	return m
 }
 

@@ -452,3 +452,15 @@ func TestSameSeedSameTimeline(t *testing.T) {
 	assert.Equal(t, runDigest(t, 42), runDigest(t, 42))
 	assert.NotEqual(t, runDigest(t, 42), runDigest(t, 43))
 }
+
+func TestMetricsListAdaptersByName(t *testing.T) {
+	r := newTestReplica(t, func(c *ReplicaConfig) { c.MaxLoRAs = 4 })
+	for i, name := range []string{"zeta", "alpha", "mid", "beta", "alpha", "omega"} {
+		require.NoError(t, r.Submit(&Request{ID: uint64(i), Adapter: name, PromptTokens: 10, OutputTokens: 50}, 0))
+	}
+	next, _ := r.NextEventTime()
+	r.Advance(next) // four adapters run, omega waits for a slot
+	m := r.Metrics()
+	assert.Equal(t, []string{"alpha", "beta", "mid", "zeta"}, m.RunningAdapters)
+	assert.Equal(t, []string{"omega"}, m.WaitingAdapters)
+}
