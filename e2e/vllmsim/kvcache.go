@@ -28,147 +28,186 @@ import "math/bits"
 // vLLM also reserves one null block; the simulator has none, so every block
 // of KVCapacityTokens is usable.
 //
+// Only what vLLM's rules make observable is kept per block: which cached
+// blocks the queue evicts first, what a lookup finds, and how many blocks
+// are free. So a block is a record (kvBlock) only while it holds a hash or
+// belongs to a request with token ids; a block without a hash in the free
+// queue is interchangeable with any other, and the queue's head part of
+// them (the blocks vLLM prepends) is a count, anonymous.
+//
 // A request without token ids (Request.Prompt nil) shares no block with any
 // other, so only its own resumption after a preemption can hit its cached
-// blocks. Such blocks are tagged with the request's salt and block index
-// instead of going through the hash index, and only when the request frees
-// them (until then nobody can look for them): the same hits and the same
-// free queue, without the index traffic (the fleet benchmark's ShareGPT
-// scenarios run at 1.2× the CPU of the model without caching instead of
-// 3.5×, BENCHMARKS.md).
+// blocks, and its blocks are never records: its table counts them. When it
+// frees them, its cached blocks (tail first, as vLLM appends them) enter the
+// FIFO as one run that counts how many of them are still cached: the head
+// evicts a run from its last block, and the request, resuming, finds the
+// leading blocks the run still holds (runHits), exactly the blocks vLLM's
+// lookup would find under the hashes salted by the request. The fleet
+// benchmark's ShareGPT scenarios thus pay no work per block
+// (BENCHMARKS.md, "Replica-model speed work, third round").
 type blockPool struct {
 	blocks []kvBlock
-	// The free queue is the stack of free blocks without a hash (its top is
-	// the queue's head) followed by the FIFO of free blocks with one, oldest
-	// first (see pushFront and pushBack).
-	stack              []int32
+	// spare lists the records that hold no block.
+	spare []int32
+	// anonymous counts the free blocks that sit at the head of the free
+	// queue without a hash: vLLM's prepended blocks and the pool's initial
+	// ones, which all come before any block with a hash.
+	anonymous int
+	// fifo is the rest of the free queue, oldest first: record ids, holes
+	// (noBlock) left by hits, and runs (runEntry).
 	fifo               []int32
 	fifoHead, fifoTail uint64 // sequence numbers; fifo[seq&fifoMask]
 	fifoMask           uint64
+	runs               []blockRun
+	spareRuns          []int32
 	free               int
 	byHash             hashIndex
 	caching            bool
-	// hashed counts blocks that carry a hash (in use or free).
+	// hashed counts blocks that carry a hash (in use or free), counting
+	// the blocks of requests without token ids from when they are full.
 	hashed int
 }
 
 type kvBlock struct {
-	// hash is the block hash, for a virtual block its request's salt, 0
-	// for none (neither is ever 0).
-	hash uint64
+	hash uint64 // 0: none (no block hash is 0)
 	ref  int32
-	// link is, for a hashed block, the next block holding the same hash
-	// (oldest first) and for a virtual block its index in its request.
+	// link is, for a cached block, the next block holding the same hash
+	// (oldest first).
 	link int32
-	// fifoSeq is the block's place in the FIFO while flags has inFIFO.
+	// fifoSeq is the block's place in the FIFO while it is there (ref 0
+	// and a hash).
 	fifoSeq uint32
 	// home is a cached block's home slot in the hash index.
-	home  uint32
-	flags uint8
+	home uint32
 }
 
-const (
-	inFIFO uint8 = 1 << iota
-	inStack
-	virtualBlock
-)
+// blockRun is the cached blocks 0..left-1 of the request with salt that are
+// still in the free queue; the FIFO holds its entry where vLLM's queue held
+// those blocks, last block first.
+type blockRun struct {
+	salt uint64
+	left int32
+}
 
 const noBlock int32 = -1
+
+// runEntry is the FIFO entry of run i (below noBlock).
+func runEntry(i int32) int32 { return -2 - i }
+
+// noRun is a request's run when it has none.
+const noRun int32 = -1
 
 func newBlockPool(n int, caching bool) blockPool {
 	size := 16
 	for size < 2*n {
 		size *= 2
 	}
-	p := blockPool{blocks: make([]kvBlock, n), fifo: make([]int32, size), fifoMask: uint64(size - 1), caching: caching}
+	p := blockPool{blocks: make([]kvBlock, n), spare: make([]int32, n), fifo: make([]int32, size),
+		fifoMask: uint64(size - 1), caching: caching, anonymous: n, free: n}
 	if caching {
 		p.byHash = newHashIndex(n)
 	}
 	for i := range p.blocks {
 		p.blocks[i].link = noBlock
-		p.pushBack(int32(i))
+		p.spare[i] = int32(n - 1 - i)
 	}
 	return p
 }
 
-// The free queue as a stack and a FIFO with holes: the queue of vLLM's
+// The free queue as a count and a FIFO with holes: the queue of vLLM's
 // FreeKVCacheBlockQueue (a doubly linked list) only ever gains blocks
 // without a hash at its head (prepended on free) and blocks with a hash at
 // its tail (appended on free), and loses blocks at its head (allocation)
 // or, for blocks with a hash only, anywhere (a hit on a free block). So the
-// queue is exactly the stack of the prepended blocks, most recent first,
+// queue is exactly the blocks without a hash, which nothing tells apart,
 // then the appended ones in order; a hit leaves a hole in the FIFO (the
 // block's entry, found through its fifoSeq, becomes noBlock) that the head
 // skips. Allocating thus reads block ids in order instead of chasing links
 // from block to block, and skips holes without reading the block array
 // (BENCHMARKS.md, "Replica-model speed work").
 
-// pushBack appends block b (with a hash) to the free queue.
-func (p *blockPool) pushBack(b int32) {
+// pushBack appends entry e (a block with a hash, or a run) to the FIFO.
+func (p *blockPool) pushBack(e int32) {
 	if p.fifoTail-p.fifoHead == uint64(len(p.fifo)) {
 		p.compactFIFO()
 	}
-	blk := &p.blocks[b]
-	p.fifo[p.fifoTail&p.fifoMask] = b
-	blk.fifoSeq = uint32(p.fifoTail)
-	blk.flags |= inFIFO
+	p.fifo[p.fifoTail&p.fifoMask] = e
+	if e >= 0 {
+		p.blocks[e].fifoSeq = uint32(p.fifoTail)
+	}
 	p.fifoTail++
-	p.free++
 }
 
-// pushFront prepends block b (without a hash) to the free queue.
-func (p *blockPool) pushFront(b int32) {
-	p.blocks[b].flags |= inStack
-	p.stack = append(p.stack, b)
-	p.free++
-}
-
-func (p *blockPool) isFree(b int32) bool { return p.blocks[b].flags&(inFIFO|inStack) != 0 }
-
-// popFront takes the head of the free queue; the caller has checked that
-// it is not empty.
+// popFront takes the head of the free queue, which the caller has checked
+// is not empty: a record id (of a block with a hash, still cached), or
+// noBlock for an anonymous block.
 func (p *blockPool) popFront() int32 {
 	p.free--
-	if n := len(p.stack); n > 0 {
-		b := p.stack[n-1]
-		p.stack = p.stack[:n-1]
-		p.blocks[b].flags &^= inStack
-		return b
+	if p.anonymous > 0 {
+		p.anonymous--
+		return noBlock
 	}
 	for {
-		seq := p.fifoHead
-		b := p.fifo[seq&p.fifoMask]
-		p.fifoHead++
-		if b != noBlock {
-			p.blocks[b].flags &^= inFIFO
-			return b
+		e := p.fifo[p.fifoHead&p.fifoMask]
+		if e >= 0 {
+			p.fifoHead++
+			return e
 		}
+		if e == noBlock {
+			p.fifoHead++
+			continue
+		}
+		run := &p.runs[-2-e]
+		if run.left == 0 {
+			p.fifoHead++
+			p.dropRun(-2 - e)
+			continue
+		}
+		// The run's last block: evicted, it joins the anonymous ones.
+		run.left--
+		p.hashed--
+		if run.left == 0 {
+			p.fifoHead++
+			p.dropRun(-2 - e)
+		}
+		return noBlock
 	}
+}
+
+func (p *blockPool) dropRun(i int32) {
+	p.runs[i] = blockRun{}
+	p.spareRuns = append(p.spareRuns, i)
 }
 
 // unlink takes free block b, which has a hash, out of the queue: its FIFO
 // entry becomes a hole.
 func (p *blockPool) unlink(b int32) {
 	blk := &p.blocks[b]
-	if blk.flags&inFIFO == 0 {
+	if blk.ref != 0 || blk.hash == 0 || p.fifo[uint64(blk.fifoSeq)&p.fifoMask] != b {
 		panic("vllmsim: unlinking a block that is not in the free queue's FIFO")
 	}
-	blk.flags &^= inFIFO
 	p.fifo[uint64(blk.fifoSeq)&p.fifoMask] = noBlock
 	p.free--
 }
 
-// compactFIFO squeezes the holes out of a full FIFO, keeping the order.
-// The FIFO has room for twice the pool, so this runs at most once per
-// pool-size appends.
+// compactFIFO squeezes the holes and spent runs out of a full FIFO,
+// keeping the order. The FIFO has room for twice the pool, so this runs at
+// most once per pool-size appends.
 func (p *blockPool) compactFIFO() {
 	w := p.fifoHead
 	for seq := p.fifoHead; seq < p.fifoTail; seq++ {
-		if b := p.fifo[seq&p.fifoMask]; b != noBlock {
-			p.fifo[w&p.fifoMask] = b
-			p.blocks[b].fifoSeq = uint32(w)
-			w++
+		e := p.fifo[seq&p.fifoMask]
+		switch {
+		case e == noBlock:
+			continue
+		case e < noBlock && p.runs[-2-e].left == 0:
+			p.dropRun(-2 - e)
+			continue
+		case e >= 0:
+			p.blocks[e].fifoSeq = uint32(w)
 		}
+		p.fifo[w&p.fifoMask] = e
+		w++
 	}
 	p.fifoTail = w
 }
@@ -197,33 +236,35 @@ func (p *blockPool) touch(list []int32) {
 }
 
 // allocate appends n blocks from the head of the free queue to dst,
-// evicting the cached ones. The caller has checked n <= p.free.
-func (p *blockPool) allocate(n int, dst []int32) []int32 {
-	start := len(dst)
+// evicting the cached ones: records, or for a table that only counts its
+// blocks (anonymous, a request without token ids) noBlock. The caller has
+// checked n <= p.free.
+func (p *blockPool) allocate(n int, dst []int32, anonymous bool) []int32 {
 	for range n {
-		dst = append(dst, p.popFront())
-	}
-	// Evicting touches neither the queue nor the other taken blocks'
-	// counts, so it can follow the taking.
-	for _, b := range dst[start:] {
-		blk := &p.blocks[b]
-		if blk.hash != 0 {
+		b := p.popFront()
+		if b != noBlock {
 			p.evict(b)
 		}
-		blk.ref = 1
+		if anonymous {
+			if b != noBlock {
+				p.spare = append(p.spare, b)
+			}
+			dst = append(dst, noBlock)
+			continue
+		}
+		if b == noBlock {
+			b = p.spare[len(p.spare)-1]
+			p.spare = p.spare[:len(p.spare)-1]
+		}
+		p.blocks[b].ref = 1
+		dst = append(dst, b)
 	}
 	return dst
 }
 
-// evict drops block b's hash from the cache.
+// evict drops free block b's hash from the cache.
 func (p *blockPool) evict(b int32) {
 	blk := &p.blocks[b]
-	if blk.flags&virtualBlock != 0 {
-		blk.hash, blk.link = 0, noBlock
-		blk.flags &^= virtualBlock
-		p.hashed--
-		return
-	}
 	if first := p.byHash.removeIf(blk.hash, blk.home, b, blk.link); first != b {
 		for c := first; ; c = p.blocks[c].link {
 			if p.blocks[c].link == b {
@@ -257,44 +298,65 @@ func (p *blockPool) cache(b int32, h uint64, home uint32) {
 	p.blocks[c].link = b
 }
 
-// tagVirtual tags block b, about to be freed, as block index of the
-// request with salt. The caller counted it in hashed when it became full.
-func (p *blockPool) tagVirtual(b int32, salt uint64, index int) {
-	blk := &p.blocks[b]
-	blk.hash, blk.link = salt, int32(index)
-	blk.flags |= virtualBlock
-}
-
-// virtualHits is how many leading blocks of a preempted request's former
-// table still hold its blocks, at most maxBlocks.
-func (p *blockPool) virtualHits(former []int32, salt uint64, maxBlocks int) int {
-	n := 0
-	for n < min(maxBlocks, len(former)) {
-		blk := &p.blocks[former[n]]
-		if blk.flags&virtualBlock == 0 || blk.hash != salt || blk.link != int32(n) {
-			break
-		}
-		n++
-	}
-	return n
-}
-
-// release frees a request's block table, tail first: every count drops,
-// blocks reaching 0 with a hash are appended in that order, those without
-// one prepended so that the table's tail block is reused first.
+// release frees a request's block table of records, tail first: every
+// count drops, blocks reaching 0 with a hash are appended in that order,
+// those without one join the anonymous blocks at the head.
 func (p *blockPool) release(table []int32) {
 	for i := len(table) - 1; i >= 0; i-- {
-		blk := &p.blocks[table[i]]
+		b := table[i]
+		blk := &p.blocks[b]
 		blk.ref--
-		if blk.ref == 0 && blk.hash != 0 {
-			p.pushBack(table[i])
+		if blk.ref != 0 {
+			continue
+		}
+		p.free++
+		if blk.hash != 0 {
+			p.pushBack(b)
+		} else {
+			p.anonymous++
+			p.spare = append(p.spare, b)
 		}
 	}
-	for _, b := range table {
-		if blk := &p.blocks[b]; blk.ref == 0 && blk.hash == 0 && !p.isFree(b) {
-			p.pushFront(b)
-		}
+}
+
+// releaseRun frees the n blocks of a request without token ids (with salt),
+// whose leading cached blocks are cached, and returns the run that holds
+// those (noRun for none).
+func (p *blockPool) releaseRun(salt uint64, n, cached int) int32 {
+	p.free += n
+	p.anonymous += n - cached
+	if cached == 0 {
+		return noRun
 	}
+	var i int32
+	if l := len(p.spareRuns); l > 0 {
+		i = p.spareRuns[l-1]
+		p.spareRuns = p.spareRuns[:l-1]
+	} else {
+		i = int32(len(p.runs))
+		p.runs = append(p.runs, blockRun{})
+	}
+	p.runs[i] = blockRun{salt: salt, left: int32(cached)}
+	p.pushBack(runEntry(i))
+	return i
+}
+
+// runHits is how many leading blocks of the request with salt, whose run
+// is run, are still cached, at most maxBlocks.
+func (p *blockPool) runHits(run int32, salt uint64, maxBlocks int) int {
+	if run == noRun || p.runs[run].salt != salt {
+		return 0
+	}
+	return min(int(p.runs[run].left), maxBlocks)
+}
+
+// takeRun takes the leading n blocks of run (from runHits) into use.
+func (p *blockPool) takeRun(run int32, n int) {
+	if n == 0 {
+		return
+	}
+	p.runs[run].left -= int32(n)
+	p.free -= n
 }
 
 // hashIndex maps a block hash to a block id: open addressing with linear

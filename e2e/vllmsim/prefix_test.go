@@ -32,51 +32,65 @@ func promptRequest(prompt []uint32, out int) *Request {
 }
 
 // checkPool verifies the block pool's invariants against the replica's
-// requests: the free queue holds exactly the blocks with no reference, the
-// references are the running requests' block tables, and the cache maps
-// only hashed blocks.
+// requests: the free queue holds exactly the records with no reference and
+// a hash, the spare records have neither, the references are the running
+// requests' block tables, every block is in use, free or counted once, and
+// the cache maps exactly the hashed records.
 func checkPool(t *testing.T, r *Replica) {
 	t.Helper()
 	p := &r.pool
-	inQueue := 0
 	queued := make([]bool, len(p.blocks))
-	for _, b := range freeQueue(p) {
-		require.Zero(t, p.blocks[b].ref, "block %d in the free queue", b)
-		require.False(t, queued[b], "block %d twice in the free queue", b)
-		queued[b] = true
-		inQueue++
+	free, hashed := p.anonymous, 0
+	for _, e := range freeQueue(p) {
+		if e < noBlock {
+			run := p.runs[-2-e]
+			require.Positive(t, run.left)
+			require.NotZero(t, run.salt)
+			free += int(run.left)
+			hashed += int(run.left)
+			continue
+		}
+		require.Zero(t, p.blocks[e].ref, "block %d in the free queue", e)
+		require.NotZero(t, p.blocks[e].hash, "block %d in the FIFO has a hash", e)
+		require.False(t, queued[e], "block %d twice in the free queue", e)
+		queued[e] = true
+		free++
 	}
-	for _, b := range p.stack {
-		require.Zero(t, p.blocks[b].hash, "block %d on the stack has no hash", b)
+	require.Equal(t, p.free, free)
+	spare := make([]bool, len(p.blocks))
+	for _, b := range p.spare {
+		require.False(t, spare[b], "record %d twice spare", b)
+		spare[b] = true
 	}
-	require.Equal(t, p.free, inQueue)
 	refs := make([]int32, len(p.blocks))
+	inUse := 0
 	for _, s := range r.running {
 		for _, b := range s.table {
+			if s.salt != 0 {
+				require.Equal(t, noBlock, b, "a request without token ids holds no record")
+				inUse++
+				continue
+			}
+			if refs[b] == 0 {
+				inUse++
+			}
 			refs[b]++
+		}
+		if s.salt != 0 {
+			// Counted as cached when full.
+			hashed += s.cachedBlocks
 		}
 		require.Equal(t, r.blocksFor(int(s.computed+s.sched)), len(s.table), "a running request holds the blocks of its computed and scheduled tokens")
 		require.Equal(t, len(s.table)*r.blockTokens, int(s.tableTokens))
 	}
-	hashed := 0
-	for _, s := range r.running {
-		if s.salt != 0 {
-			// Counted as cached when full, tagged when freed.
-			for i, b := range s.table[:s.cachedBlocks] {
-				require.Equal(t, i < s.taggedBlocks, p.blocks[b].hash != 0, "block %d of a running request without token ids", i)
-			}
-			hashed += s.cachedBlocks - s.taggedBlocks
-		}
-	}
+	require.Equal(t, r.totalBlocks, inUse+p.free, "every block is in use or free")
 	for b := range p.blocks {
 		blk := &p.blocks[b]
 		require.Equal(t, refs[b], blk.ref, "block %d", b)
-		require.Equal(t, blk.ref == 0, queued[b], "block %d", b)
-		require.Equal(t, blk.ref == 0, p.isFree(int32(b)), "block %d", b)
+		require.Equal(t, blk.ref == 0 && blk.hash != 0, queued[b], "block %d", b)
+		require.Equal(t, blk.ref == 0 && blk.hash == 0, spare[b], "block %d", b)
 		if blk.hash != 0 {
 			hashed++
-		}
-		if blk.hash != 0 && blk.flags&virtualBlock == 0 {
 			found := false
 			for c := p.byHash.get(blk.hash, blk.home); c != noBlock; c = p.blocks[c].link {
 				found = found || c == int32(b)
@@ -85,22 +99,25 @@ func checkPool(t *testing.T, r *Replica) {
 		}
 	}
 	require.Equal(t, p.hashed, hashed)
-	require.LessOrEqual(t, r.totalBlocks-p.free, r.totalBlocks)
 }
 
-// freeQueue lists the pool's free queue from its head: the stack from its
-// top, then the FIFO's live entries.
+// freeQueue lists the pool's FIFO from its head: its records and its runs
+// that still hold blocks (after the anonymous blocks, which have no ids).
 func freeQueue(p *blockPool) []int32 {
 	var q []int32
-	for i := len(p.stack) - 1; i >= 0; i-- {
-		q = append(q, p.stack[i])
-	}
 	for seq := p.fifoHead; seq < p.fifoTail; seq++ {
-		if b := p.fifo[seq&p.fifoMask]; b != noBlock {
-			if blk := &p.blocks[b]; blk.flags&inFIFO == 0 || blk.fifoSeq != uint32(seq) {
+		e := p.fifo[seq&p.fifoMask]
+		switch {
+		case e == noBlock:
+		case e < noBlock:
+			if p.runs[-2-e].left > 0 {
+				q = append(q, e)
+			}
+		default:
+			if blk := &p.blocks[e]; blk.ref != 0 || blk.hash == 0 || blk.fifoSeq != uint32(seq) {
 				panic("vllmsim test: a FIFO entry that is not its block's place")
 			}
-			q = append(q, b)
+			q = append(q, e)
 		}
 	}
 	return q
@@ -459,63 +476,142 @@ func TestHashIndexAgreesWithAMap(t *testing.T) {
 }
 
 // TestFreeQueueIsVLLMsQueue drives the pool with random allocations,
-// hits and frees, and checks its free queue, block by block, against a
-// plain list kept as vLLM's FreeKVCacheBlockQueue keeps it: freed blocks
-// with a hash appended, without one prepended, hits taken out anywhere,
-// allocations taken from the head.
+// hits and frees, of tables of records and of tables that only count their
+// blocks (requests without token ids), and checks its free queue, block by
+// block, against a plain list kept as vLLM's FreeKVCacheBlockQueue keeps
+// it: freed blocks with a hash appended, without one prepended, hits taken
+// out anywhere, allocations taken from the head. Blocks without a hash
+// cannot be told apart (the pool does not name them); every other block
+// must be in its place, a record by its id, a counted request's block by
+// its request.
 func TestFreeQueueIsVLLMsQueue(t *testing.T) {
 	rng := rand.New(rand.NewPCG(5, 6))
 	const n = 64
 	p := newBlockPool(n, true)
-	list := []int32{}
-	for b := range int32(n) {
-		list = append(list, b)
+	// An entry of the reference queue: a record (block >= 0), block index
+	// of the blocks a counted request freed into the pool's run run, or
+	// a block without a hash.
+	type entry struct {
+		block, run, index int32
+		salt              uint64 // the counted request's
 	}
-	remove := func(b int32) {
-		for i, c := range list {
-			if c == b {
-				list = append(list[:i], list[i+1:]...)
-				return
-			}
-		}
-		t.Fatalf("block %d not in the reference queue", b)
+	anon := entry{block: noBlock, run: noRun}
+	list := []entry{}
+	for range n {
+		list = append(list, anon)
+	}
+	type counted struct {
+		salt        uint64
+		run         int32 // its latest run, noRun for none
+		blocks, hit int   // blocks held (0: not running), leading ones hit
+	}
+	owners := make([]counted, 6)
+	for i := range owners {
+		owners[i] = counted{salt: uint64(2*i + 1), run: noRun}
 	}
 	var tables [][]int32
 	nextHash := uint64(1)
 	compactions, lastTail := 0, p.fifoTail
-	for step := range 20_000 {
+	runHits, runEvictions := 0, 0
+	take := func(k int) []entry {
+		head := append([]entry(nil), list[:k]...)
+		for _, e := range head {
+			if e.run != noRun {
+				runEvictions++
+			}
+		}
+		list = list[k:]
+		return head
+	}
+	for step := range 40_000 {
 		// Allocations are rarer than hits and frees, so that holes pile up
 		// in the FIFO and it gets compacted.
-		switch op := rng.IntN(6); {
+		switch op := rng.IntN(9); {
 		case op == 0 && p.free > 0:
 			k := 1 + rng.IntN(min(p.free, 12))
-			table := p.allocate(k, nil)
-			require.Equal(t, list[:k], table, "step %d: allocation takes the head", step)
-			list = list[k:]
+			head := take(k)
+			table := p.allocate(k, nil, false)
+			for i, e := range head {
+				if e.block >= 0 {
+					require.Equal(t, e.block, table[i], "step %d: allocation takes the head", step)
+				}
+				require.Zero(t, p.blocks[table[i]].hash, "step %d: a new block has no hash", step)
+			}
 			// Some full blocks get a hash (and are cached).
 			for _, b := range table[:rng.IntN(k+1)] {
 				nextHash += 2
 				p.cache(b, nextHash, uint32(nextHash>>32)&p.byHash.mask)
 			}
 			tables = append(tables, table)
-		case op <= 3 && len(tables) > 0:
+		case op == 1 && p.free > 0:
+			// A counted request starts, resuming on the blocks it finds.
+			o := &owners[rng.IntN(len(owners))]
+			if o.blocks > 0 {
+				break
+			}
+			maxHit := rng.IntN(10)
+			want := 0
+			for _, e := range list {
+				if e.run == o.run && e.salt == o.salt && e.index < int32(maxHit) {
+					want++
+				}
+			}
+			hit := p.runHits(o.run, o.salt, maxHit)
+			require.Equal(t, want, hit, "step %d: a resumed request finds its leading blocks", step)
+			kept := list[:0]
+			for _, e := range list {
+				if e.run == o.run && e.salt == o.salt && e.index < int32(hit) {
+					continue
+				}
+				kept = append(kept, e)
+			}
+			list = kept
+			if o.run != noRun {
+				p.takeRun(o.run, hit)
+			}
+			o.run, o.hit = noRun, hit
+			runHits += hit
+			k := min(p.free, rng.IntN(8))
+			take(k)
+			for _, b := range p.allocate(k, nil, true) {
+				require.Equal(t, noBlock, b)
+			}
+			o.blocks = hit + k
+			if o.blocks == 0 {
+				break
+			}
+		case op == 2:
+			o := &owners[rng.IntN(len(owners))]
+			if o.blocks == 0 {
+				break
+			}
+			cached := o.hit + rng.IntN(o.blocks-o.hit+1)
+			p.hashed += cached - o.hit
+			o.run = p.releaseRun(o.salt, o.blocks, cached)
+			for i := cached - 1; i >= 0; i-- {
+				list = append(list, entry{block: noBlock, run: o.run, index: int32(i), salt: o.salt})
+			}
+			for range o.blocks - cached {
+				list = append([]entry{anon}, list...)
+			}
+			o.blocks = 0
+		case op <= 5 && len(tables) > 0:
 			i := rng.IntN(len(tables))
 			table := tables[i]
 			tables = append(tables[:i], tables[i+1:]...)
 			p.release(table)
-			var front []int32
+			var front []entry
 			for j := len(table) - 1; j >= 0; j-- {
-				if b := table[j]; p.blocks[b].ref == 0 && p.blocks[b].hash != 0 {
-					list = append(list, b)
-				}
-			}
-			for _, b := range table {
-				if p.blocks[b].ref == 0 && p.blocks[b].hash == 0 {
-					front = append([]int32{b}, front...)
+				if b := table[j]; p.blocks[b].ref == 0 {
+					if p.blocks[b].hash != 0 {
+						list = append(list, entry{block: b, run: noRun})
+					} else {
+						front = append(front, anon)
+					}
 				}
 			}
 			list = append(front, list...)
-		case op >= 4:
+		case op >= 6:
 			// A hit on free cached blocks (and on some in use).
 			var hit []int32
 			for b := range int32(n) {
@@ -525,7 +621,12 @@ func TestFreeQueueIsVLLMsQueue(t *testing.T) {
 			}
 			for _, b := range hit {
 				if p.blocks[b].ref == 0 {
-					remove(b)
+					for i, e := range list {
+						if e.block == b {
+							list = append(list[:i], list[i+1:]...)
+							break
+						}
+					}
 				}
 			}
 			p.touch(hit)
@@ -536,7 +637,44 @@ func TestFreeQueueIsVLLMsQueue(t *testing.T) {
 		}
 		lastTail = p.fifoTail
 		require.Equal(t, len(list), p.free, "step %d", step)
-		require.Equal(t, append([]int32{}, list...), append([]int32{}, freeQueue(&p)...), "step %d", step)
+		got := []entry{}
+		for range p.anonymous {
+			got = append(got, anon)
+		}
+		for _, e := range freeQueue(&p) {
+			if e >= 0 {
+				got = append(got, entry{block: e, run: noRun})
+				continue
+			}
+			for range p.runs[-2-e].left {
+				got = append(got, entry{block: noBlock, run: -2 - e, salt: p.runs[-2-e].salt})
+			}
+		}
+		want := make([]entry, len(list))
+		for i, e := range list {
+			want[i] = entry{block: e.block, run: e.run, salt: e.salt}
+		}
+		require.Equal(t, want, got, "step %d", step)
+		hashed := 0
+		for _, b := range p.blocks {
+			if b.hash != 0 {
+				hashed++
+			}
+		}
+		for _, e := range list {
+			if e.run != noRun {
+				hashed++
+			}
+		}
+		for _, o := range owners {
+			if o.blocks > 0 {
+				hashed += o.hit
+			}
+		}
+		require.Equal(t, hashed, p.hashed, "step %d", step)
 	}
 	require.Positive(t, compactions, "the FIFO filled with holes and was compacted")
+	require.Positive(t, runHits, "counted requests resumed on their blocks")
+	require.Positive(t, runEvictions, "counted requests' blocks were evicted")
+	t.Logf("%d compactions, %d blocks hit and %d evicted from runs", compactions, runHits, runEvictions)
 }

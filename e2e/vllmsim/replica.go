@@ -225,6 +225,9 @@ type Request struct {
 
 	scheduled    bool // scheduled at least once (CachedTokens is set)
 	cachedBlocks int  // leading blocks of table registered in the cache
+	// run is, for a request without token ids that freed its blocks, the
+	// pool's run of its cached blocks (noRun for none).
+	run int32
 	// taggedBlocks counts the leading blocks of a running request without
 	// token ids that already carry its tag (the hit of its resumption);
 	// blocks from there to cachedBlocks are tagged when it frees them.
@@ -488,6 +491,7 @@ func (r *Replica) Submit(req *Request, now time.Duration) error {
 	req.table, req.tableTokens, req.scheduled = r.slices.table(r.blocksFor(req.PromptTokens+req.OutputTokens)), 0, false
 	r.setCachedBlocks(req, 0)
 	req.expectHit = 0
+	req.run = noRun
 	req.hashAt = noTokens
 	if r.cfg.EnablePrefixCaching {
 		r.prepareHashes(req)
@@ -513,7 +517,7 @@ func (r *Replica) Submit(req *Request, now time.Duration) error {
 // prepareHashes computes the block hashes of req's full prompt blocks (vLLM
 // hashes a request's blocks when it is created) and keeps the prompt's last
 // partial block for hashing the first generated block. A request without
-// token ids gets a unique salt instead (see blockPool.tagVirtual).
+// token ids gets a unique salt instead (see blockPool.releaseRun).
 func (r *Replica) prepareHashes(req *Request) {
 	bs := r.blockTokens
 	if req.hashBlock == bs && (req.salt != 0 || (req.Prompt != nil && len(req.hashes) == req.PromptTokens/bs)) {
@@ -570,7 +574,10 @@ func (r *Replica) longestHit(s *Request, maxBlocks int, dst []int32) []int32 {
 		return dst
 	}
 	if s.salt != 0 {
-		return append(dst, s.table[:r.pool.virtualHits(s.table, s.salt, maxBlocks)]...)
+		for range r.pool.runHits(s.run, s.salt, maxBlocks) {
+			dst = append(dst, noBlock) // its table only counts blocks
+		}
+		return dst
 	}
 	for i, h := range s.hashes[:min(maxBlocks, len(s.hashes))] {
 		b := r.pool.byHash.get(h, r.pool.byHash.homeOf(s.hashes, i))
@@ -588,7 +595,7 @@ func (r *Replica) hitBlocks(s *Request, maxBlocks int) int {
 		return 0
 	}
 	if s.salt != 0 {
-		return r.pool.virtualHits(s.table, s.salt, maxBlocks)
+		return r.pool.runHits(s.run, s.salt, maxBlocks)
 	}
 	n := 0
 	for i, h := range s.hashes[:min(maxBlocks, len(s.hashes))] {
@@ -807,7 +814,7 @@ func (r *Replica) startStep(now time.Duration) {
 			break // s preempted itself: nothing more can run
 		}
 		if need > 0 {
-			r.setTable(s, r.pool.allocate(need, s.table))
+			r.setTable(s, r.pool.allocate(need, s.table, s.salt != 0))
 		}
 		if end >= int(s.cacheAt) {
 			r.cacheFullBlocks(s, end)
@@ -840,7 +847,11 @@ func (r *Replica) startStep(now time.Duration) {
 			computed := len(hit) * r.blockTokens
 			n := min(int(s.numTokens)-computed, budget)
 			newBlocks := r.blocksFor(computed+n) - len(hit)
-			if newBlocks+r.pool.evictable(hit) > r.pool.free {
+			evictable := len(hit) // a run's blocks are all free
+			if s.salt == 0 {
+				evictable = r.pool.evictable(hit)
+			}
+			if newBlocks+evictable > r.pool.free {
 				break // FCFS: no KV for the head request, admit nothing more
 			}
 			a.queue.popFront()
@@ -849,8 +860,13 @@ func (r *Replica) startStep(now time.Duration) {
 			s.state = stateRunning
 			a.running++
 			r.running = append(r.running, s)
-			r.pool.touch(hit)
-			r.setTable(s, r.pool.allocate(newBlocks, append(s.table[:0], hit...)))
+			if s.salt != 0 {
+				r.pool.takeRun(s.run, len(hit))
+				s.run = noRun
+			} else {
+				r.pool.touch(hit)
+			}
+			r.setTable(s, r.pool.allocate(newBlocks, append(s.table[:0], hit...), s.salt != 0))
 			s.computed = int32(computed)
 			s.taggedBlocks = len(hit)
 			if r.cfg.EnablePrefixCaching {
@@ -1001,19 +1017,16 @@ func (r *Replica) dropSlices(s *Request) {
 }
 
 // releaseRunning frees the KV of a request leaving the running list, tail
-// block first. A request without token ids keeps its former block ids to
-// find its tagged blocks when it resumes.
+// block first. A request without token ids keeps the run of its cached
+// blocks, to find them when it resumes.
 func (r *Replica) releaseRunning(s *Request) {
 	if s.salt != 0 {
-		for i := s.taggedBlocks; i < s.cachedBlocks; i++ {
-			r.pool.tagVirtual(s.table[i], s.salt, i)
-		}
+		s.run = r.pool.releaseRun(s.salt, len(s.table), s.cachedBlocks)
 		s.taggedBlocks = 0
+	} else {
+		r.pool.release(s.table)
 	}
-	r.pool.release(s.table)
-	if s.salt == 0 {
-		s.table = s.table[:0]
-	}
+	s.table = s.table[:0]
 	s.tableTokens = 0
 	r.setCachedBlocks(s, 0)
 	r.adapters[s.adapterID].running--
