@@ -102,11 +102,14 @@ func DecodeDirectory(b []byte, d *Directory) error {
 	if b[3] != NumSegments || le32(b, 4) != 0 {
 		return errf(ErrInvalidField, "dir", 3, "segment count "+strconv.Itoa(int(b[3]))+" (this build has "+strconv.Itoa(NumSegments)+")")
 	}
-	d.Gen, d.ConfigGen, d.LastAccept = le64(b, 8), le64(b, 16), int64(le64(b, 24))
+	// checkMagic checked the length: unchecked loads (load_le.go), as
+	// every router and receiver decodes it after each change.
+	p := unsafe.Pointer(unsafe.SliceData(b))
+	d.Gen, d.ConfigGen, d.LastAccept = ld64(p, 8), ld64(p, 16), int64(ld64(p, 24))
 	for i := range d.Entries {
 		at := dirHeaderBytes + i*dirEntryBytes
-		d.Entries[i] = DirEntry{Gen: le32(b, at), Agents: int(le16(b, at+4)), Points: int(le16(b, at+6)),
-			Bytes: int(le32(b, at+8)), Oldest: int64(le64(b, at+16))}
+		d.Entries[i] = DirEntry{Gen: ld32(p, at), Agents: int(ld16(p, at+4)), Points: int(ld16(p, at+6)),
+			Bytes: int(ld32(p, at+8)), Oldest: int64(ld64(p, at+16))}
 	}
 	return nil
 }

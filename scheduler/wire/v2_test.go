@@ -243,6 +243,39 @@ func TestAgentThatDisappearsLeavesNothingBehindAfterExpiry(t *testing.T) {
 	assert.Equal(t, "other-pod-0", snap.Endpoints[0].ID.Name)
 }
 
+// A relay that brings news for one segment sweeps the expired agents of
+// another segment it carries only old blocks for (such a segment is not
+// merged otherwise).
+func TestRelaySweepsExpiredAgentsOfSegmentsWithoutNews(t *testing.T) {
+	st := &MemStore{}
+	const expiry = 2 * time.Second
+	w := NewWriter(testKeys, Limits{}, expiry)
+	ys := sameSegmentIDs(2) // ys[0] expires, ys[1] is relayed again unchanged
+	x := "node-x"
+	for i := 0; SegmentOf([]byte(x)) == SegmentOf([]byte(ys[0])); i++ {
+		x = fmt.Sprintf("node-x%d", i)
+	}
+	_, err := w.Apply(st, agentPush(t, ys[0], 1, at(0), agentState(ys[0], 1, 1, at(0))), at(0))
+	require.NoError(t, err)
+	late := at(1500 * time.Millisecond)
+	y1 := agentPush(t, ys[1], 1, late, agentState(ys[1], 1, 1, late))
+	_, err = w.Apply(st, y1, late)
+	require.NoError(t, err)
+	require.Len(t, snapshotOf(t, st).Endpoints, 2)
+
+	now := at(2001 * time.Millisecond)
+	s, err := w.Apply(st, relay(t, "agg-0", now, agentPush(t, x, 1, now, agentState(x, 1, 1, now)), y1), now)
+	require.NoError(t, err)
+	assert.Equal(t, 1, s.Accepted)
+	assert.Equal(t, 1, s.Stale)
+	assert.Equal(t, 1, s.Swept)
+	var names []string
+	for _, e := range snapshotOf(t, st).Endpoints {
+		names = append(names, e.ID.Name)
+	}
+	assert.ElementsMatch(t, []string{x + "-pod-0", ys[1] + "-pod-0"}, names)
+}
+
 func TestEndpointAnAgentStopsReportingIsGoneAtOnce(t *testing.T) {
 	st := &MemStore{}
 	w := NewWriter(testKeys, Limits{}, time.Hour)
@@ -405,7 +438,9 @@ func TestWriterMergesOnTopOfAConcurrentWrite(t *testing.T) {
 	}
 	s, err := w1.Apply(st, agentPush(t, ids[0], 1, at(0), agentState(ids[0], 1, 1, at(0))), at(0))
 	require.NoError(t, err)
-	assert.Equal(t, 1, s.Retries)
+	// One retry for the segment, one for the directory: w1 read it before
+	// w2 wrote it, and tries that read's cas first.
+	assert.Equal(t, 2, s.Retries)
 	assert.Len(t, snapshotOf(t, st).Endpoints, 2)
 }
 

@@ -46,6 +46,11 @@ type Writer struct {
 	checker blockChecker
 	dirBuf  []byte
 	dirOut  []byte
+	// dirRead: dir is the stored directory as readDir decoded it, with
+	// its cas dirCas, so the push's directory update can try that cas
+	// before reading the directory again.
+	dirRead bool
+	dirCas  uint32
 	segs    [NumSegments]segWork
 	dir     Directory
 	order   []int // touched segments, ascending
@@ -66,6 +71,8 @@ type segWork struct {
 	written bool
 	// what the last merge did
 	accepted, stale, swept int
+	// news: some incoming block would be stored (bringsNews)
+	news bool
 	// known are identities of blocks this writer checked or wrote (see
 	// readSegment); dropped counts unreadable stored blocks left out.
 	known   []uint32
@@ -204,9 +211,16 @@ func (w *Writer) Apply(st Store, push []byte, now time.Time) (ApplyStats, error)
 	// last state stays, for the router's fail-open policy.
 	w.sweeping = false
 	for _, k := range w.order {
-		w.sweeping = w.sweeping || w.bringsNews(k, nowNs, cutoff)
+		w.segs[k].news = w.bringsNews(k, nowNs, cutoff)
+		w.sweeping = w.sweeping || w.segs[k].news
 	}
 	for _, k := range w.order {
+		if s := &w.segs[k]; !s.news && s.dropped == 0 && !w.expiresStored(k, cutoff) {
+			// Nothing to store, drop or sweep (a relay carrying blocks
+			// this Envoy holds already): the segment stays as it is.
+			s.keepStored(w.dir.Entries[k])
+			continue
+		}
 		w.merge(k, nowNs, cutoff)
 	}
 	if s := &w.segs[w.order[0]]; v.Kind == KindAgent && s.accepted == 0 {
@@ -251,7 +265,8 @@ func sortInts(s []int) {
 
 // readDir reads the directory into w.dir (empty when absent or unreadable).
 func (w *Writer) readDir(st Store, stats *ApplyStats) error {
-	b, _, err := st.Get(w.keys.Dir, w.dirBuf[:0])
+	w.dirRead = false
+	b, cas, err := st.Get(w.keys.Dir, w.dirBuf[:0])
 	if cap(b) > cap(w.dirBuf) {
 		w.dirBuf = b[:0]
 	}
@@ -266,6 +281,7 @@ func (w *Writer) readDir(st Store, stats *ApplyStats) error {
 		stats.Reset++
 		return w.rebuildDir(st, stats)
 	}
+	w.dirRead, w.dirCas = true, cas
 	return nil
 }
 
@@ -411,6 +427,29 @@ func (w *Writer) bringsNews(k int, now, cutoff int64) bool {
 		}
 	}
 	return false
+}
+
+// expiresStored reports whether a merge of segment k would drop a stored
+// block as expired.
+func (w *Writer) expiresStored(k int, cutoff int64) bool {
+	if !w.sweeping {
+		return false
+	}
+	s := &w.segs[k]
+	for i := range s.stored.Info {
+		if s.stored.Info[i].SentAt() < cutoff {
+			return true
+		}
+	}
+	return false
+}
+
+// keepStored records that segment k's incoming blocks are all stale and
+// its stored value stays: what merge would find, without building it.
+func (s *segWork) keepStored(e DirEntry) {
+	s.changed = false
+	s.accepted, s.stale, s.swept = 0, len(s.in), 0
+	s.entry = e
 }
 
 // merge builds segment k's new value from its stored blocks and the
@@ -622,7 +661,9 @@ func (s *segWork) rememberOut() {
 
 // writeDir records the written segments in the directory with a CAS loop.
 func (w *Writer) writeDir(st Store, now int64, accepted bool, stats *ApplyStats) error {
-	return w.updateDir(st, stats, func(d *Directory) {
+	cached := w.dirRead
+	w.dirRead = false
+	return w.updateDir(st, stats, cached, func(d *Directory) {
 		for _, k := range w.order {
 			s := &w.segs[k]
 			if !s.written {
@@ -642,13 +683,25 @@ func (w *Writer) writeDir(st Store, now int64, accepted bool, stats *ApplyStats)
 
 // updateDir applies edit to the stored directory and writes it back with
 // its generation moved, re-reading and editing again on a CAS mismatch.
-func (w *Writer) updateDir(st Store, stats *ApplyStats, edit func(*Directory)) error {
+// cached: w.dir and w.dirCas are the directory as this push read it, so
+// the first attempt edits that instead of reading it again (if another
+// writer changed it since, the cas fails and the loop reads it).
+func (w *Writer) updateDir(st Store, stats *ApplyStats, cached bool, edit func(*Directory)) error {
 	for attempt := 0; attempt < maxAttempts; attempt++ {
-		b, cas, err := st.Get(w.keys.Dir, w.dirBuf[:0])
-		if cap(b) > cap(w.dirBuf) {
-			w.dirBuf = b[:0]
+		var b []byte
+		var cas uint32
+		var err error
+		if cached && attempt == 0 {
+			b, cas = w.dirBuf, w.dirCas
+		} else {
+			b, cas, err = st.Get(w.keys.Dir, w.dirBuf[:0])
+			if cap(b) > cap(w.dirBuf) {
+				w.dirBuf = b[:0]
+			}
 		}
 		switch {
+		case cached && attempt == 0:
+			// w.dir holds what readDir decoded from this cas.
 		case errors.Is(err, ErrNotFound):
 			w.dir = Directory{}
 			if cas, err = CreateToken(st, w.keys.Probe); err != nil {
@@ -710,6 +763,6 @@ func (w *Writer) SetConfigGen(st Store, gen uint64) (ApplyStats, error) {
 	if cur, err := w.ConfigGen(st); err == nil && cur == gen {
 		return stats, nil
 	}
-	err := w.updateDir(st, &stats, func(d *Directory) { d.ConfigGen = gen })
+	err := w.updateDir(st, &stats, false, func(d *Directory) { d.ConfigGen = gen })
 	return stats, err
 }
