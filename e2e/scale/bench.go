@@ -39,6 +39,9 @@ type RunConfig struct {
 	// relay).
 	Send           wire.SendThresholds
 	RelayFullEvery time.Duration
+	// RelayInterval is the time between two relays (ModeRelay; 0:
+	// Interval, the scrape interval).
+	RelayInterval time.Duration
 	// Rate is the request load (req/s) in the windows with requests.
 	Rate   float64
 	Conns  int
@@ -223,7 +226,7 @@ func Run(ctx context.Context, cfg RunConfig) (*Result, error) {
 				RunDirect(pctx, fleet, DirectOptions{URLs: []string{push}, Token: token, Interval: cfg.Interval, Version: v,
 					Change: cfg.Change, Send: cfg.Send, Probe: probeEvents, Stats: pushStats})
 			case ModeRelay:
-				RunRelay(pctx, fleet, RelayOptions{URLs: []string{push}, Token: token, Interval: cfg.Interval,
+				RunRelay(pctx, fleet, RelayOptions{URLs: []string{push}, Token: token, Interval: cfg.Interval, RelayInterval: cfg.RelayInterval,
 					Change: cfg.Change, Send: cfg.Send, FullEvery: cfg.RelayFullEvery, Probe: probeEvents, Stats: pushStats})
 			case ModeAggregator:
 				RunDirect(pctx, fleet, DirectOptions{URLs: aggs.URLs, Token: token, Interval: cfg.Interval, Version: 2,

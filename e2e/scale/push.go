@@ -194,15 +194,19 @@ func RunDirect(ctx context.Context, f *Fleet, o DirectOptions) {
 }
 
 // RelayOptions configure the in-process stand-in for the aggregator tier:
-// every Interval it sends each URL one relay push holding every agent's
-// latest block, as a healthy aggregator does when every agent pushed
-// within the interval (each agent scrapes at its own phase; its block's
-// held time and ages say how long ago).
+// every RelayInterval it sends each URL one relay push holding the latest
+// block of every agent that pushed since the previous one, as a healthy
+// aggregator does (each agent scrapes every Interval at its own phase; its
+// block's held time and ages say how long ago).
 type RelayOptions struct {
 	URLs     []string
 	Token    string
 	Interval time.Duration
-	Change   float64
+	// RelayInterval is the time between two relays (the aggregator's
+	// --relay-interval; 0: Interval). Longer than Interval, a relay
+	// carries each agent's latest block of the scrapes in between.
+	RelayInterval time.Duration
+	Change        float64
 	// Send is when an agent pushes (as DirectOptions.Send); FullEvery how
 	// often the relay carries every agent's latest block again (the
 	// aggregator's --relay-full-every; 0: every relay). In between, a relay
@@ -232,6 +236,10 @@ func RunRelay(ctx context.Context, f *Fleet, o RelayOptions) {
 		sent    time.Time // when it was sent
 		scraped time.Time // the agent's latest scrape
 	}
+	relayEvery := o.RelayInterval
+	if relayEvery <= 0 {
+		relayEvery = o.Interval
+	}
 	clocks := make([]agentClock, len(f.Agents))
 	for i, a := range f.Agents {
 		clocks[i] = agentClock{a: a, gate: gate(a, o.Send), phase: time.Duration(rng.Int64N(int64(o.Interval)))}
@@ -239,43 +247,53 @@ func RunRelay(ctx context.Context, f *Fleet, o RelayOptions) {
 	var lastRelay, lastFull time.Time
 	slices.SortFunc(clocks, func(x, y agentClock) int { return compareStrings(x.a.ID, y.a.ID) })
 	epoch0 := time.Now()
-	t := time.NewTicker(o.Interval)
+	t := time.NewTicker(relayEvery)
 	defer t.Stop()
 	var dec wire.PushDecoder
 	var out []byte
 	lastAdapter := ""
+	// scrape is one scrape of agent c at at, and its push when its gate
+	// lets it go (the aggregator keeps the latest).
+	scrape := func(c *agentClock, at time.Time) {
+		c.scraped = at
+		c.a.Step(at, o.Change)
+		if c.gate != nil {
+			if c.block != nil && c.gate.Due(c.a.Eps, at) == wire.NotDue {
+				return
+			}
+			c.gate.Sent(c.a.Eps, at)
+		}
+		b, err := c.a.Push(c.block[:0], 2, at)
+		if err != nil {
+			panic(err)
+		}
+		c.block, c.sent = b, at
+		if c.a == f.Probe && o.Probe != nil && c.a.ProbeAdapter() != lastAdapter {
+			lastAdapter = c.a.ProbeAdapter()
+			select {
+			case o.Probe <- ProbeEvent{Adapter: lastAdapter, Sent: at}:
+			default:
+			}
+		}
+	}
 	for {
 		now := time.Now()
-		// Each agent scraped and pushed at its phase within the last
-		// interval.
+		// Each agent scraped (and pushed) at its phase of every interval
+		// since the previous relay.
+		since := now.Sub(epoch0)
 		for i := range clocks {
 			c := &clocks[i]
-			since := now.Sub(epoch0)
-			at := now.Add(-((since - c.phase) % o.Interval))
 			if since < c.phase {
-				at = now
-			}
-			if !at.After(c.scraped) {
+				if c.scraped.IsZero() {
+					scrape(c, now) // its first scrape, before its phase comes
+				}
 				continue
 			}
-			c.scraped = at
-			c.a.Step(at, o.Change)
-			if c.gate != nil {
-				if c.block != nil && c.gate.Due(c.a.Eps, at) == wire.NotDue {
-					continue
-				}
-				c.gate.Sent(c.a.Eps, at)
-			}
-			b, err := c.a.Push(c.block[:0], 2, at)
-			if err != nil {
-				panic(err)
-			}
-			c.block, c.sent = b, at
-			if c.a == f.Probe && o.Probe != nil && c.a.ProbeAdapter() != lastAdapter {
-				lastAdapter = c.a.ProbeAdapter()
-				select {
-				case o.Probe <- ProbeEvent{Adapter: lastAdapter, Sent: at}:
-				default:
+			latest := (since - c.phase) / o.Interval
+			k := latest - relayEvery/o.Interval - 1 // at most the scrapes of one relay interval
+			for ; k <= latest; k++ {
+				if at := epoch0.Add(c.phase + k*o.Interval); k >= 0 && at.After(c.scraped) {
+					scrape(c, at)
 				}
 			}
 		}

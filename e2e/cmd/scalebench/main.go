@@ -50,6 +50,7 @@ func main() {
 		waitDelta = flag.Uint("send-waiting-delta", uint(wire.DefaultSendThresholds().Waiting), "with -heartbeat: the agent's --send-waiting-delta")
 		runDelta  = flag.Uint("send-running-delta", uint(wire.DefaultSendThresholds().Running), "with -heartbeat: the agent's --send-running-delta")
 		kvDelta   = flag.Float64("send-kv-delta", wire.DefaultSendThresholds().KVCacheUsage, "with -heartbeat: the agent's --send-kv-delta")
+		relayEvry = flag.String("relay-interval", "", "relay mode: comma-separated times between two relays (the aggregator's --relay-interval), interleaved within each repetition; empty: the scrape interval (50ms)")
 		fullEvery = flag.Duration("relay-full-every", time.Second, "relay mode: carry every agent's block again this often (the aggregator's --relay-full-every); in between, only the blocks sent since the last relay")
 		changes   = flag.String("changes", "", "instead of the bench: measure how often the fleet simulator's replicas move beyond the -send-* thresholds, for these scenarios (e2e/fleet names, comma-separated), at -change-loads under -change-policy, -per-node replicas to an agent")
 		chLoads   = flag.String("change-loads", "0.5,0.8,1", "with -changes: loads as fractions of saturation (1 = the fleet reports' knee)")
@@ -94,6 +95,17 @@ func main() {
 		defer f.Close()
 		enc = json.NewEncoder(f)
 	}
+	relayIntervals := []time.Duration{0}
+	if *relayEvry != "" {
+		relayIntervals = relayIntervals[:0]
+		for _, d := range split(*relayEvry) {
+			ri, err := time.ParseDuration(d)
+			if err != nil || ri <= 0 {
+				fail(fmt.Errorf("-relay-interval %q: want positive durations", d))
+			}
+			relayIntervals = append(relayIntervals, ri)
+		}
+	}
 	var phaseList []scale.Phase
 	for _, p := range split(*phases) {
 		phaseList = append(phaseList, scale.Phase(p))
@@ -105,27 +117,32 @@ func main() {
 				fail(err)
 			}
 			for _, m := range split(*modes) {
-				w := *wasm
-				if scale.Mode(m) == scale.ModeDirectV1 && *baseWasm != "" {
-					w = *baseWasm
-				}
-				cfg := scale.RunConfig{
-					Gateway: scale.GatewayOptions{BinDir: *binDir, Bootstrap: *bootstrap, Wasm: w, CompilationCache: *cache},
-					Mode:    scale.Mode(m), Endpoints: n, PerNode: *perNode, Change: *change, Rate: *rate,
-					Window: *window, Warmup: *warmup, Windows: phaseList, Sample: *sample, ConfigResend: *resend, ConfigPeriodic: *periodic, Logf: logf,
-					Send: send, RelayFullEvery: *fullEvery,
-				}
-				if *workDir != "" {
-					cfg.Gateway.WorkDir = filepath.Join(*workDir, fmt.Sprintf("%s-%d-rep%d", m, n, r))
-				}
-				res, err := scale.Run(ctx, cfg)
-				if err != nil {
-					fail(fmt.Errorf("%s at %d: %w", m, n, err))
-				}
-				report(res)
-				if enc != nil {
-					if err := enc.Encode(res); err != nil {
-						fail(err)
+				for _, ri := range relayIntervals {
+					w := *wasm
+					if scale.Mode(m) == scale.ModeDirectV1 && *baseWasm != "" {
+						w = *baseWasm
+					}
+					cfg := scale.RunConfig{
+						Gateway: scale.GatewayOptions{BinDir: *binDir, Bootstrap: *bootstrap, Wasm: w, CompilationCache: *cache},
+						Mode:    scale.Mode(m), Endpoints: n, PerNode: *perNode, Change: *change, Rate: *rate,
+						Window: *window, Warmup: *warmup, Windows: phaseList, Sample: *sample, ConfigResend: *resend, ConfigPeriodic: *periodic, Logf: logf,
+						Send: send, RelayFullEvery: *fullEvery, RelayInterval: ri,
+					}
+					if *workDir != "" {
+						cfg.Gateway.WorkDir = filepath.Join(*workDir, fmt.Sprintf("%s-%d-rep%d", m, n, r))
+						if ri > 0 {
+							cfg.Gateway.WorkDir += "-relay-" + ri.String()
+						}
+					}
+					res, err := scale.Run(ctx, cfg)
+					if err != nil {
+						fail(fmt.Errorf("%s at %d: %w", m, n, err))
+					}
+					report(res)
+					if enc != nil {
+						if err := enc.Encode(res); err != nil {
+							fail(err)
+						}
 					}
 				}
 			}
@@ -165,7 +182,11 @@ func measureChanges(scenarios, loads []string, policy string, perNode, reps int,
 }
 
 func report(r *scale.Result) {
-	fmt.Printf("%-10s endpoints=%d agents=%d per-node=%d\n", r.Config.Mode, r.Config.Endpoints, r.Agents, r.Config.PerNode)
+	relay := ""
+	if r.Config.RelayInterval > 0 {
+		relay = " relay-interval=" + r.Config.RelayInterval.String()
+	}
+	fmt.Printf("%-10s endpoints=%d agents=%d per-node=%d%s\n", r.Config.Mode, r.Config.Endpoints, r.Agents, r.Config.PerNode, relay)
 	for _, w := range r.Windows {
 		sec := w.Duration.Seconds()
 		line := fmt.Sprintf("  %-16s cpu %7.1f ms/s", w.Phase, float64(w.CPU.Microseconds())/1e3/sec)
