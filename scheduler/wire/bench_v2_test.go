@@ -195,3 +195,41 @@ func BenchmarkRelayApplyNotNewer(b *testing.B) {
 		}
 	}
 }
+
+// BenchmarkRelayApplyValues is the receiver's work for a relay at the
+// knee at 1,000 endpoints: every agent's block again with new values
+// (queue lengths), the same strings, endpoints and adapters.
+func BenchmarkRelayApplyValues(b *testing.B) {
+	full := relayFleet(b, 1000, 2, 1)[0]
+	st := &MemStore{}
+	w := NewWriter(testKeys, Limits{}, time.Hour)
+	if err := w.Init(st); err != nil {
+		b.Fatal(err)
+	}
+	if _, err := w.Apply(st, full, at(0)); err != nil {
+		b.Fatal(err)
+	}
+	runtime.GC()
+	b.ReportAllocs()
+	i := 0
+	for b.Loop() {
+		setRelaySeq(full, uint64(i+2))
+		setRelayWaiting(full, uint32(i%40))
+		if s, err := w.Apply(st, full, at(0)); err != nil || s.Accepted != 500 {
+			b.Fatal(s, err)
+		}
+		i++
+	}
+}
+
+// setRelayWaiting sets every endpoint's waiting count in a relay push.
+func setRelayWaiting(p []byte, waiting uint32) {
+	off := 5 + int(p[4]) + pushV2Fixed
+	for off < len(p) {
+		blk := Block(p[off:])
+		for r := 0; r < blk.Len(); r++ {
+			binary.LittleEndian.PutUint32(p[off+blockHeaderBytes+r*recordBytes+erWaiting:], waiting)
+		}
+		off += int(le32(p, off+bhLen))
+	}
+}
