@@ -130,6 +130,23 @@ func BenchmarkCacheRefreshPartial(b *testing.B) {
 	}
 }
 
+// storedRelay is a store holding a relay of every agent of n endpoints
+// (two per agent), the writer that stored it and that relay, with the
+// collector's cycle finished (in the guest nothing else would end it).
+func storedRelay(b *testing.B, n int) (*MemStore, *Writer, []byte) {
+	full := relayFleet(b, n, 2, 1)[0]
+	st := &MemStore{}
+	w := NewWriter(testKeys, Limits{}, time.Hour)
+	if err := w.Init(st); err != nil {
+		b.Fatal(err)
+	}
+	if _, err := w.Apply(st, full, at(0)); err != nil {
+		b.Fatal(err)
+	}
+	runtime.GC()
+	return st, w, full
+}
+
 // BenchmarkRelayApplyHeartbeats is the receiver's work for an idle relay
 // at 1,000 endpoints: the agents of 6 of the 64 segments beat (new
 // sequence, the same values), as agents heartbeating every 500 ms on
@@ -137,7 +154,7 @@ func BenchmarkCacheRefreshPartial(b *testing.B) {
 // BenchmarkRelayApplyNotNewer for a relay of every agent's block that the
 // receiver holds already (a full relay when nothing moved).
 func BenchmarkRelayApplyHeartbeats(b *testing.B) {
-	full := relayFleet(b, 1000, 2, 1)[0]
+	st, w, full := storedRelay(b, 1000)
 	var d PushDecoder
 	v, err := d.Decode(full, Limits{})
 	if err != nil {
@@ -156,15 +173,6 @@ func BenchmarkRelayApplyHeartbeats(b *testing.B) {
 			beat = AppendRelayBlock(beat, blk, 0)
 		}
 	}
-	st := &MemStore{}
-	w := NewWriter(testKeys, Limits{}, time.Hour)
-	if err := w.Init(st); err != nil {
-		b.Fatal(err)
-	}
-	if _, err := w.Apply(st, full, at(0)); err != nil {
-		b.Fatal(err)
-	}
-	runtime.GC() // no mark phase left on from the setup (in the guest nothing else would end it)
 	b.ReportAllocs()
 	i := 0
 	for b.Loop() {
@@ -178,16 +186,7 @@ func BenchmarkRelayApplyHeartbeats(b *testing.B) {
 }
 
 func BenchmarkRelayApplyNotNewer(b *testing.B) {
-	full := relayFleet(b, 1000, 2, 1)[0]
-	st := &MemStore{}
-	w := NewWriter(testKeys, Limits{}, time.Hour)
-	if err := w.Init(st); err != nil {
-		b.Fatal(err)
-	}
-	if _, err := w.Apply(st, full, at(0)); err != nil {
-		b.Fatal(err)
-	}
-	runtime.GC()
+	st, w, full := storedRelay(b, 1000)
 	b.ReportAllocs()
 	for b.Loop() {
 		if s, err := w.Apply(st, full, at(0)); err != nil || s.Accepted != 0 || s.Segments != 0 {
@@ -200,16 +199,7 @@ func BenchmarkRelayApplyNotNewer(b *testing.B) {
 // knee at 1,000 endpoints: every agent's block again with new values
 // (queue lengths), the same strings, endpoints and adapters.
 func BenchmarkRelayApplyValues(b *testing.B) {
-	full := relayFleet(b, 1000, 2, 1)[0]
-	st := &MemStore{}
-	w := NewWriter(testKeys, Limits{}, time.Hour)
-	if err := w.Init(st); err != nil {
-		b.Fatal(err)
-	}
-	if _, err := w.Apply(st, full, at(0)); err != nil {
-		b.Fatal(err)
-	}
-	runtime.GC()
+	st, w, full := storedRelay(b, 1000)
 	b.ReportAllocs()
 	i := 0
 	for b.Loop() {
