@@ -172,12 +172,14 @@ func BenchmarkIndexRebuild(b *testing.B) {
 // "drift" changes what a scrape 50 ms later changes (KV use and the
 // running batch always, the queue by one now and then, adapters rarely);
 // "random" draws every value anew, adapters included (the worst case:
-// entries move across the orders and adapter lists change every time).
+// entries move across the orders and adapter lists change every time);
+// "heartbeat" keeps the values (an agent's periodic resend). Every kind
+// gives the endpoint a new update time, as a re-read does.
 //
 //	go test -run '^$' -bench BenchmarkIndexUpdate -benchmem ./scheduler/
 func BenchmarkIndexUpdate(b *testing.B) {
 	reqs := benchRequests()
-	for _, kind := range []string{"drift", "random"} {
+	for _, kind := range []string{"drift", "random", "heartbeat"} {
 		for _, n := range benchSizes[1:] {
 			for _, k := range []int{1, 16, 64} {
 				b.Run(fmt.Sprintf("%s/endpoints=%d/changed=%d", kind, n, k), func(b *testing.B) {
@@ -196,11 +198,13 @@ func BenchmarkIndexUpdate(b *testing.B) {
 						for range k {
 							e := j * 7919 % n
 							m := &snap.Endpoints[e].Metrics
-							if kind == "random" {
+							switch kind {
+							case "random":
 								*m = fresh[j%len(fresh)].Metrics
-							} else {
+							case "drift":
 								drift(r, m)
 							}
+							m.UpdateTime = m.UpdateTime.Add(time.Millisecond) // every rewrite is a new scrape
 							snap.MetricsChanged(e)
 							j++
 						}

@@ -292,20 +292,38 @@ func resize[T any](s []T, n int) []T {
 
 // update re-reads endpoint i after a change.
 func (x *snapIndex) update(e *Endpoint, i int) {
-	if x.unchanged(e, i) {
-		return
-	}
-	x.reload(e, i)
-	x.updates++
-}
-
-func (x *snapIndex) unchanged(e *Endpoint, i int) bool {
 	m := &e.Metrics
 	if m.WaitingQueueSize != x.w[i] || m.RunningQueueSize != x.r[i] || indexedKV(e) != x.kv[i] ||
-		!m.UpdateTime.Equal(x.upd[i]) || x.flags[i]&flagFree != freeFlag(m) {
+		x.flags[i]&flagFree != freeFlag(m) || !sameAdapters(m, x.ads[i]) {
+		x.reload(e, i)
+		x.updates++
+		return
+	}
+	if t := m.UpdateTime; !t.Equal(x.upd[i]) && !x.retime(t, i) {
+		x.reload(e, i)
+		x.updates++
+	}
+}
+
+// retime takes a new update time t for endpoint i whose values are
+// unchanged (a heartbeat, or a block resent with the same values), when
+// it leaves the endpoint as fresh or stale as it was: no order's key holds
+// the time, so only the time and the freshness bounds move. It reports
+// false when the freshness would flip (then the caller reloads).
+func (x *snapIndex) retime(t time.Time, i int) bool {
+	fresh := x.staleAfter <= 0 || !t.Before(x.oldest)
+	if fresh != (x.flags[i]&flagFresh != 0) {
 		return false
 	}
-	return sameAdapters(m, x.ads[i])
+	x.upd[i] = t
+	if fresh {
+		if t.Before(x.minFresh) {
+			x.minFresh = t
+		}
+	} else if x.maxStale.Before(t) {
+		x.maxStale = t
+	}
+	return true
 }
 
 // reload reads endpoint i again and moves it in the built orders: an

@@ -178,9 +178,13 @@ func runTwins(t *testing.T, r *rand.Rand, cfg string, n int, shape fleetShape) (
 				lastReq = nil
 			}
 		case k < 18: // fresh metrics for a few endpoints, in place
+			heartbeat := r.IntN(3) == 0 // the same values, scraped again
 			for range 1 + r.IntN(4) {
 				i := r.IntN(n)
 				m := shapedSnapshot(r, 1, shape).Endpoints[0].Metrics
+				if heartbeat {
+					m = a.Endpoints[i].Metrics
+				}
 				stamp(&m)
 				a.Endpoints[i].Metrics, b.Endpoints[i].Metrics = m, m
 				a.MetricsChanged(i)
