@@ -46,6 +46,39 @@ func (s *Snapshot) MetricsChanged(i int) {
 	l.ring[l.gen%uint64(len(l.ring))] = int32(i)
 }
 
+// MetricsChangedRange is MetricsChanged(i) for every i in [from, to): one
+// call for a run of endpoints rewritten together (a block an agent sent
+// again), so the owner pays one call per run, not per endpoint.
+func (s *Snapshot) MetricsChangedRange(from, to int) {
+	l := &s.changes
+	if atomic.LoadUint64(&l.id) == 0 || from >= to {
+		return
+	}
+	if from < 0 || to > len(s.Endpoints) {
+		s.Changed()
+		return
+	}
+	if l.ring == nil {
+		l.ring = make([]int32, max(minChangeRing, len(s.Endpoints)/4))
+	}
+	n := uint64(len(l.ring))
+	if uint64(to-from) > n {
+		// More than the ring holds: an index behind it rebuilds whatever
+		// the ring says (snapIndex.sync), so the entries need no writing.
+		l.gen += uint64(to - from)
+		return
+	}
+	p := (l.gen + 1) % n
+	ring := l.ring
+	for i := from; i < to; i++ {
+		ring[p] = int32(i)
+		if p++; p == n {
+			p = 0
+		}
+	}
+	l.gen += uint64(to - from)
+}
+
 // Changed records that the snapshot may have changed in any way: endpoints
 // added, removed, reordered or given another identity or address, Endpoints
 // replaced, or more metrics rewritten than is worth listing. A Scheduler

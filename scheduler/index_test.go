@@ -177,6 +177,18 @@ func runTwins(t *testing.T, r *rand.Rand, cfg string, n int, shape fleetShape) (
 				scanned.Observe(lastReq, lastB)
 				lastReq = nil
 			}
+		case k < 18 && r.IntN(4) == 0: // a run of endpoints rewritten together
+			lo := r.IntN(n)
+			hi := lo + 1 + r.IntN(n-lo)
+			for i := lo; i < hi; i++ {
+				m := shapedSnapshot(r, 1, shape).Endpoints[0].Metrics
+				if r.IntN(2) == 0 {
+					m = a.Endpoints[i].Metrics
+				}
+				stamp(&m)
+				a.Endpoints[i].Metrics, b.Endpoints[i].Metrics = m, m
+			}
+			a.MetricsChangedRange(lo, hi)
 		case k < 18: // fresh metrics for a few endpoints, in place
 			heartbeat := r.IntN(3) == 0 // the same values, scraped again
 			for range 1 + r.IntN(4) {
@@ -400,4 +412,32 @@ func TestIndexNotRebuiltForChurnFasterThanDecisions(t *testing.T) {
 	}
 	require.Equal(t, before+1, x.rebuilds, "the churn stopped: built within churnBuildLooks looks")
 	require.Greater(t, x.decisions, used, "and used")
+}
+
+// TestMetricsChangedRangeIsEachEndpoint: a range tells an index what a
+// MetricsChanged call per endpoint would, and one longer than the ring
+// advances the generation past it (the index rebuilds either way).
+func TestMetricsChangedRangeIsEachEndpoint(t *testing.T) {
+	for _, run := range [][2]int{{0, 1}, {3, 40}, {250, 300}, {0, 75}, {10, 300}, {5, 5}} {
+		a, b := randomSnapshot(newRand(3), 300), randomSnapshot(newRand(3), 300)
+		a.identity()
+		b.identity()
+		for i := range 70 { // wrap the ring once first
+			a.MetricsChanged(i % 300)
+			b.MetricsChanged(i % 300)
+		}
+		a.MetricsChangedRange(run[0], run[1])
+		for i := run[0]; i < run[1]; i++ {
+			b.MetricsChanged(i)
+		}
+		require.Equal(t, b.changes.gen, a.changes.gen, "run %v", run)
+		require.Equal(t, b.changes.all, a.changes.all, "run %v", run)
+		if run[1]-run[0] <= len(b.changes.ring) {
+			require.Equal(t, b.changes.ring, a.changes.ring, "run %v", run)
+		}
+	}
+	s := randomSnapshot(newRand(3), 10)
+	s.identity()
+	s.MetricsChangedRange(5, 11) // past the end: anything may have changed
+	require.Equal(t, s.changes.gen, s.changes.all)
 }

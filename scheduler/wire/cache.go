@@ -214,16 +214,16 @@ func (c *Cache) tellScheduler(identities bool) {
 		if !sv.changed {
 			continue
 		}
-		i := sv.off
+		// Runs of rewritten blocks are told as one range each.
+		i, run := sv.off, sv.off
 		for bi := range sv.cur.Info {
-			n := sv.cur.Info[bi].Len
-			if !sv.strs[bi].unchanged {
-				for e := i; e < i+n; e++ {
-					c.snap.MetricsChanged(e)
-				}
+			if sv.strs[bi].unchanged {
+				c.snap.MetricsChangedRange(run, i)
+				run = i + sv.cur.Info[bi].Len
 			}
-			i += n
+			i += sv.cur.Info[bi].Len
 		}
+		c.snap.MetricsChangedRange(run, i)
 	}
 }
 
