@@ -1,9 +1,11 @@
 package prefix
 
 import (
+	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math/bits"
 	"math/rand/v2"
 	"slices"
 	"strings"
@@ -360,6 +362,80 @@ func TestOnePassStringHashingIsTheStream(t *testing.T) {
 		}
 		if !h.Truncated() && h.Bytes() != ref.Bytes() {
 			t.Fatalf("trial %d: %d bytes counted, want %d", trial, h.Bytes(), ref.Bytes())
+		}
+	}
+}
+
+// The hashes are part of what other VMs, Envoy replicas and the fleet
+// benchmark's results hold: a faster hashing loop must give exactly these
+// (pinned from the hashes the fleet results were measured with). A change
+// of the hash itself changes them, and needs the seedBase version raised.
+func TestBlockHashesArePinned(t *testing.T) {
+	text := strings.Repeat("The quick brown fox jumps over the lazy dog. ", 40)
+	chat := `[{"role":"system","content":"You are \"helpful\".\n"},{"role":"user","content":` + jsonString(text+"é\u2028") +
+		`},{"role":"assistant","content":[{"type":"text","text":"Sure"},{"type":"image_url","image_url":{"url":"x"}}]}]`
+	ids := make([]uint32, 100)
+	for i := range ids {
+		ids[i] = uint32(i * 7919)
+	}
+	cases := []struct {
+		name      string
+		blockSize int
+		hash      func(h *Hasher) error
+		want      uint64
+	}{
+		{"chat", 64, func(h *Hasher) error { return h.HashMessages("m", nil, nil, []byte(chat)) }, 0x24f61307bdd083ed},
+		{"prompt", 64, func(h *Hasher) error { return h.HashPrompt("adapter-1", []byte(`"salt"`), []byte(jsonString(text))) }, 0x526fef005cad9fff},
+		{"tokens", 64, func(h *Hasher) error { h.HashTokens("m", nil, ids); return nil }, 0x4b1aab32c791a132},
+		{"chat, 48-byte blocks", 48, func(h *Hasher) error { return h.HashMessages("m", nil, nil, []byte(chat)) }, 0x1d31d6fb715164dd},
+	}
+	for _, c := range cases {
+		h := newTestHasher(t, HashConfig{BlockBytes: c.blockSize})
+		if err := c.hash(h); err != nil {
+			t.Fatal(err)
+		}
+		// One number for the whole chain, and the key.
+		d := h.Key()
+		for _, b := range h.Blocks() {
+			d = d*prime1 ^ b
+		}
+		if d != c.want {
+			t.Errorf("%s: %d blocks, digest %#x, want %#x", c.name, len(h.Blocks()), d, c.want)
+		}
+	}
+}
+
+// specialWord flags a word's first quote or backslash, and nothing in a
+// word without one (it may flag bytes after a real one), as
+// quoteOrBackslash does.
+func TestSpecialWordFindsTheFirstQuoteOrBackslash(t *testing.T) {
+	r := rand.New(rand.NewPCG(5, 6))
+	alphabet := []byte{0, 1, ' ', '!', '"', '#', '[', '\\', ']', 'a', 0x7f, 0x80, 0x81, 0xa2, 0xdc, 0xe2, 0xff}
+	for trial := range 200000 {
+		var w [8]byte
+		for i := range w {
+			if trial%2 == 0 {
+				w[i] = alphabet[r.IntN(len(alphabet))]
+			} else {
+				w[i] = byte(r.Uint32())
+			}
+		}
+		first := -1
+		for i, c := range w {
+			if c == '"' || c == '\\' {
+				first = i
+				break
+			}
+		}
+		x := binary.LittleEndian.Uint64(w[:])
+		for name, got := range map[string]uint64{"specialWord": specialWord(x) & 0x8080808080808080, "quoteOrBackslash": quoteOrBackslash(x)} {
+			flagged := -1
+			if got != 0 {
+				flagged = bits.TrailingZeros64(got) / 8
+			}
+			if flagged != first {
+				t.Fatalf("%s(% x): first flagged byte %d, want %d", name, w, flagged, first)
+			}
 		}
 	}
 }
