@@ -79,6 +79,7 @@ type kvBlock struct {
 	fifoSeq uint32
 	// home is a cached block's home slot in the hash index.
 	home uint32
+	_    uint64 // 32 bytes: a block never straddles two cache lines
 }
 
 // blockRun is the cached blocks 0..left-1 of the request with salt that are
@@ -105,7 +106,7 @@ func newBlockPool(n int, caching bool) blockPool {
 	p := blockPool{blocks: make([]kvBlock, n), spare: make([]int32, n), fifo: make([]int32, size),
 		fifoMask: uint64(size - 1), caching: caching, anonymous: n, free: n}
 	if caching {
-		p.byHash = newHashIndex(n)
+		p.byHash = newHashIndex(n, p.blocks)
 	}
 	for i := range p.blocks {
 		p.blocks[i].link = noBlock
@@ -362,9 +363,13 @@ func (p *blockPool) takeRun(run int32, n int) {
 // hashIndex maps a block hash to a block id: open addressing with linear
 // probing over a power-of-two table at most half full (the pool's blocks
 // bound its entries), and backward-shift deletion, so the constant insert
-// and evict churn of the cache leaves no tombstones. A slot holds the full
-// hash, the block and the slot the probe starts from (its home), so a
-// probe never reads the block array.
+// and evict churn of the cache leaves no tombstones. A slot is one word:
+// the block, its distance from the slot its probe starts from (its home)
+// and a fingerprint of its hash; a probe reads the block array only to
+// confirm a fingerprint that matches (a hit, or one probe in 16 million),
+// and the deletion only for an entry more than maxDist slots from home.
+// Eight slots share a cache line (BENCHMARKS.md, "Replica-model speed
+// work, third round").
 //
 // The home of block i of a request is not drawn from its own hash but from
 // the hash of the first block of its group of chainGroup (homeOf): the
@@ -378,25 +383,35 @@ func (p *blockPool) takeRun(run int32, n int) {
 // block. It replaced a Go map whose probe sequences grew under that churn,
 // then slots homed by their own hash (BENCHMARKS.md has the figures).
 type hashIndex struct {
-	slots []indexSlot
+	slots []uint64
 	mask  uint32
+	// blocks is the pool's block array: an entry's full hash and home.
+	blocks []kvBlock
 }
 
-type indexSlot struct {
-	hash  uint64 // 0: empty (no block hash is 0)
-	block int32
-	home  uint32
+// A slot is 0 (empty) or fingerprint<<40 | distance<<32 | block+1.
+const (
+	slotBlockMask = 1<<32 - 1
+	maxDist       = 255 // a distance of maxDist or more: see the block's home
+)
+
+func slotOf(key uint64, dist uint32, block int32) uint64 {
+	return key>>40<<40 | uint64(min(dist, maxDist))<<32 | uint64(uint32(block)+1)
 }
+
+func slotBlock(s uint64) int32 { return int32(uint32(s&slotBlockMask) - 1) }
+
+func sameFingerprint(s, key uint64) bool { return (s^key)>>40 == 0 }
 
 // chainGroup is how many consecutive blocks of a chain share a home run.
 const chainGroup = 8
 
-func newHashIndex(maxEntries int) hashIndex {
+func newHashIndex(maxEntries int, blocks []kvBlock) hashIndex {
 	size := 16
-	for size < 2*maxEntries {
+	for size < 4*maxEntries {
 		size *= 2
 	}
-	return hashIndex{slots: make([]indexSlot, size), mask: uint32(size - 1)}
+	return hashIndex{slots: make([]uint64, size), mask: uint32(size - 1), blocks: blocks}
 }
 
 // homeOf is the home slot of block i of a chain whose block hashes are
@@ -409,7 +424,8 @@ func (h *hashIndex) homeOf(hashes []uint64, i int) uint32 {
 func (h *hashIndex) find(key uint64, home uint32) uint32 {
 	i := home
 	for {
-		if s := h.slots[i].hash; s == key || s == 0 {
+		s := h.slots[i]
+		if s == 0 || sameFingerprint(s, key) && h.blocks[slotBlock(s)].hash == key {
 			return i
 		}
 		i = (i + 1) & h.mask
@@ -418,53 +434,68 @@ func (h *hashIndex) find(key uint64, home uint32) uint32 {
 
 // get returns the block of key, or noBlock.
 func (h *hashIndex) get(key uint64, home uint32) int32 {
-	if s := &h.slots[h.find(key, home)]; s.hash != 0 {
-		return s.block
+	if s := h.slots[h.find(key, home)]; s != 0 {
+		return slotBlock(s)
 	}
 	return noBlock
 }
 
-// getOrSet returns key's block, first setting it to block if key is
-// absent.
+// getOrSet returns key's block, first setting it to block (whose hash is
+// key) if key is absent.
 func (h *hashIndex) getOrSet(key uint64, home uint32, block int32) int32 {
-	s := &h.slots[h.find(key, home)]
-	if s.hash == 0 {
-		*s = indexSlot{hash: key, block: block, home: home}
+	i := h.find(key, home)
+	if h.slots[i] == 0 {
+		h.slots[i] = slotOf(key, (i-home)&h.mask, block)
+		return block
 	}
-	return s.block
+	return slotBlock(h.slots[i])
 }
 
 // removeIf returns key's block; if it is block, key now maps to next, or
 // is removed when next is noBlock.
 func (h *hashIndex) removeIf(key uint64, home uint32, block, next int32) int32 {
-	i := h.find(key, home)
-	s := &h.slots[i]
-	if s.hash == 0 {
-		return noBlock
-	}
-	found := s.block
-	if found != block {
-		return found
+	// The slot holding block is key's (an entry per hash): found without
+	// reading the block array unless block is not key's first.
+	i := home
+	for {
+		s := h.slots[i]
+		if s == 0 {
+			return noBlock
+		}
+		if sameFingerprint(s, key) {
+			if b := slotBlock(s); b == block {
+				break
+			} else if h.blocks[b].hash == key {
+				return b
+			}
+		}
+		i = (i + 1) & h.mask
 	}
 	if next != noBlock {
-		s.block = next
-		return found
+		h.slots[i] = h.slots[i]&^slotBlockMask | uint64(uint32(next)+1)
+		return block
 	}
 	h.remove(i)
-	return found
+	return block
 }
 
 // remove empties slot i, shifting back the entries of its probe run.
 func (h *hashIndex) remove(i uint32) {
-	for j := (i + 1) & h.mask; h.slots[j].hash != 0; j = (j + 1) & h.mask {
+	for j := (i + 1) & h.mask; h.slots[j] != 0; j = (j + 1) & h.mask {
+		s := h.slots[j]
+		dist := uint32(s>>32) & maxDist
+		if dist == maxDist {
+			dist = (j - h.blocks[slotBlock(s)].home) & h.mask
+		}
 		// Move the entry at j back to the hole at i unless its home slot
 		// lies cyclically in (i, j].
-		if home := h.slots[j].home; (j-home)&h.mask >= (j-i)&h.mask {
-			h.slots[i] = h.slots[j]
+		if dist >= (j-i)&h.mask {
+			newDist := dist - (j-i)&h.mask
+			h.slots[i] = s&^(maxDist<<32) | uint64(min(newDist, maxDist))<<32
 			i = j
 		}
 	}
-	h.slots[i] = indexSlot{}
+	h.slots[i] = 0
 }
 
 // slicePool keeps the block tables and hash lists of finished requests for

@@ -413,65 +413,89 @@ func TestPrefixCacheProperties(t *testing.T) {
 }
 
 func TestHashIndexAgreesWithAMap(t *testing.T) {
-	rng := rand.New(rand.NewPCG(3, 4))
-	h := newHashIndex(200)
-	ref := map[uint64]int32{}
-	// Blocks not in use sit in spare.
-	var spare []int32
-	for b := range int32(1000) {
-		spare = append(spare, b)
-	}
-	take := func() int32 {
-		b := spare[len(spare)-1]
-		spare = spare[:len(spare)-1]
-		return b
-	}
 	// Few distinct homes (the index takes them from the caller) stress the
-	// probe runs and the backward shift.
-	keys := make([]uint64, 300)
-	homes := map[uint64]uint32{}
-	for i := range keys {
-		keys[i] = rng.Uint64() | 1
-		homes[keys[i]] = uint32(rng.IntN(64)) & h.mask
-	}
-	for range 100_000 {
-		k := keys[rng.IntN(len(keys))]
-		home := homes[k]
-		cur, present := ref[k]
-		switch op := rng.IntN(4); {
-		case op == 0 && present:
-			assert.Equal(t, cur, h.removeIf(k, home, cur, noBlock))
-			delete(ref, k)
-			spare = append(spare, cur)
-		case op == 1 && present:
-			next := take()
-			assert.Equal(t, cur, h.removeIf(k, home, cur, next), "moves to the next block of the hash")
-			ref[k] = next
-			spare = append(spare, cur)
-		case op == 2 && present:
-			other := spare[0]
-			assert.Equal(t, cur, h.removeIf(k, home, other, noBlock), "another block: nothing changes")
-		case len(ref) < 200:
-			b := take()
-			got := h.getOrSet(k, home, b)
-			if present {
-				assert.Equal(t, cur, got)
-				spare = append(spare, b)
-			} else {
-				assert.Equal(t, b, got)
-				ref[k] = got
+	// probe runs and the backward shift; two homes for 400 entries push
+	// entries beyond maxDist of theirs.
+	for _, tc := range []struct{ entries, homes int }{{200, 64}, {400, 2}} {
+		rng := rand.New(rand.NewPCG(3, uint64(tc.homes)))
+		blocks := make([]kvBlock, 1000)
+		h := newHashIndex(tc.entries, blocks)
+		ref := map[uint64]int32{}
+		// Blocks not in use sit in spare.
+		var spare []int32
+		for b := range int32(len(blocks)) {
+			spare = append(spare, b)
+		}
+		keys := make([]uint64, tc.entries*3/2)
+		homes := map[uint64]uint32{}
+		for i := range keys {
+			keys[i] = rng.Uint64() | 1
+			if i%7 == 6 {
+				// Same fingerprint as another key: told apart by the
+				// block's hash.
+				keys[i] = keys[i-1] ^ 2
+			}
+			homes[keys[i]] = uint32(rng.IntN(tc.homes)) & h.mask
+		}
+		take := func(k uint64) int32 {
+			b := spare[len(spare)-1]
+			spare = spare[:len(spare)-1]
+			blocks[b] = kvBlock{hash: k, home: homes[k]}
+			return b
+		}
+		put := func(b int32) {
+			blocks[b] = kvBlock{}
+			spare = append(spare, b)
+		}
+		maxDistSeen := uint32(0)
+		for range 100_000 {
+			k := keys[rng.IntN(len(keys))]
+			home := homes[k]
+			cur, present := ref[k]
+			switch op := rng.IntN(4); {
+			case op == 0 && present:
+				assert.Equal(t, cur, h.removeIf(k, home, cur, noBlock))
+				delete(ref, k)
+				put(cur)
+			case op == 1 && present:
+				next := take(k)
+				assert.Equal(t, cur, h.removeIf(k, home, cur, next), "moves to the next block of the hash")
+				ref[k] = next
+				put(cur)
+			case op == 2 && present:
+				other := take(k) // a later block with the same hash
+				assert.Equal(t, cur, h.removeIf(k, home, other, noBlock), "another block: nothing changes")
+				put(other)
+			case len(ref) < tc.entries:
+				b := take(k)
+				got := h.getOrSet(k, home, b)
+				if present {
+					assert.Equal(t, cur, got)
+					put(b)
+				} else {
+					assert.Equal(t, b, got)
+					ref[k] = got
+				}
+			}
+			for i, s := range h.slots {
+				if s != 0 {
+					maxDistSeen = max(maxDistSeen, (uint32(i)-blocks[slotBlock(s)].home)&h.mask)
+				}
+			}
+			for _, k := range keys[:20] {
+				want, ok := ref[k]
+				if !ok {
+					want = noBlock
+				}
+				require.Equal(t, want, h.get(k, homes[k]))
 			}
 		}
-		for _, k := range keys[:20] {
-			want, ok := ref[k]
-			if !ok {
-				want = noBlock
-			}
-			require.Equal(t, want, h.get(k, homes[k]))
+		for k, b := range ref {
+			require.Equal(t, b, h.get(k, homes[k]))
 		}
-	}
-	for k, b := range ref {
-		require.Equal(t, b, h.get(k, homes[k]))
+		if tc.homes == 2 {
+			require.Greater(t, maxDistSeen, uint32(maxDist), "entries beyond maxDist of their home")
+		}
 	}
 }
 
