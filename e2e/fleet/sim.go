@@ -6,6 +6,7 @@ import (
 	"math/rand/v2"
 	"slices"
 	"time"
+	"unsafe"
 
 	"github.com/wasm-epp/wasm-epp/e2e/vllmsim"
 	"github.com/wasm-epp/wasm-epp/scheduler"
@@ -171,7 +172,18 @@ func (r *Result) PerMinute(count int64) float64 {
 
 // flight is one request's simulation state. It embeds the replica's
 // request so a completion (a *vllmsim.Request) leads back to it by ID.
+// Flights fill whole cache lines, so that in a slab (page-aligned) every
+// request starts on one: the replica's step loops read the first 64 bytes
+// of every running request (vllmsim.Request), one line instead of two
+// (BENCHMARKS.md, "Replica-model speed work, third round").
 type flight struct {
+	flightState
+	_ [(cacheLine - unsafe.Sizeof(flightState{})%cacheLine) % cacheLine]byte
+}
+
+const cacheLine = 64
+
+type flightState struct {
 	req      vllmsim.Request
 	replica  int
 	policy   int // the routing VM: gateway × GatewayVMs + VM
