@@ -340,8 +340,9 @@ func (r *Relayer) sync(ctx context.Context, names []string) {
 }
 
 // send relays to one target every interval: the blocks received since the
-// last relay it accepted, or every block every FullEvery (an Envoy that
-// restarted, or lost shared data, gets everything back within it).
+// last relay it accepted, or every block every FullEvery. Agents push at
+// least every heartbeat, so an Envoy that restarted or lost shared data
+// has every agent back within that; the full relay is a backstop.
 func (r *Relayer) send(tg *relayTarget) {
 	defer r.wg.Done()
 	t := time.NewTicker(r.Interval)

@@ -154,7 +154,7 @@ func newFlagSet(cfg *Config, kvNames *string, logLevel *string) *flag.FlagSet {
 	fs.StringVar(&cfg.AggregatorDNS, "aggregator-dns", "", "name:port of the aggregators' headless Service (instead of --aggregators)")
 	fs.DurationVar(&cfg.FallbackAfter, "fallback-after", 500*time.Millisecond, "push to every Envoy directly once no aggregator has accepted a push for this long")
 	fs.StringVar(&cfg.AggregatorListen, "aggregator-listen", ":9200", "aggregator mode: address taking the agents' pushes (path --push-path)")
-	fs.DurationVar(&cfg.RelayFullEvery, "relay-full-every", time.Second, "aggregator mode: relay every agent's block at least this often (an Envoy that restarted is whole again within it)")
+	fs.DurationVar(&cfg.RelayFullEvery, "relay-full-every", 10*time.Second, "aggregator mode: relay every agent's block at least this often, a backstop: every agent pushes at least every --heartbeat, and each push is relayed to every Envoy, so an Envoy that restarted is whole again within the agents' heartbeat")
 	fs.DurationVar(&cfg.AgentTTL, "agent-ttl", 10*time.Second, "aggregator mode: stop relaying an agent not heard from for this long")
 	fs.StringVar(&cfg.Listen, "listen", ":9100", "address of /metrics, /healthz and /readyz")
 	fs.IntVar(&cfg.MaxProcs, "max-procs", 1, "GOMAXPROCS for the agent; 1 suits this I/O-bound work (no wake-ups across threads, a third less CPU at 100 pods); 0 keeps Go's default")

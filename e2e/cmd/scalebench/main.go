@@ -51,7 +51,7 @@ func main() {
 		runDelta  = flag.Uint("send-running-delta", uint(wire.DefaultSendThresholds().Running), "with -heartbeat: the agent's --send-running-delta")
 		kvDelta   = flag.Float64("send-kv-delta", wire.DefaultSendThresholds().KVCacheUsage, "with -heartbeat: the agent's --send-kv-delta")
 		relayEvry = flag.String("relay-interval", "", "relay mode: comma-separated times between two relays (the aggregator's --relay-interval), interleaved within each repetition; empty: the scrape interval (50ms)")
-		fullEvery = flag.Duration("relay-full-every", time.Second, "relay mode: carry every agent's block again this often (the aggregator's --relay-full-every); in between, only the blocks sent since the last relay")
+		fullEvery = flag.Duration("relay-full-every", 10*time.Second, "relay mode: carry every agent's block again this often (the aggregator's --relay-full-every); in between, only the blocks sent since the last relay")
 		changes   = flag.String("changes", "", "instead of the bench: measure how often the fleet simulator's replicas move beyond the -send-* thresholds, for these scenarios (e2e/fleet names, comma-separated), at -change-loads under -change-policy, -per-node replicas to an agent")
 		chLoads   = flag.String("change-loads", "0.5,0.8,1", "with -changes: loads as fractions of saturation (1 = the fleet reports' knee)")
 		chPolicy  = flag.String("change-policy", "scoring", "with -changes: the routing policy (a scheduler profile)")
