@@ -186,6 +186,9 @@ func (s *UsageScanner) search(p []byte, i int) int {
 			prev = s.tail[s.tailLen-1]
 		}
 		if prev != '\\' {
+			if end, ok := s.readUsage(p, k); ok {
+				return end // read whole: search on from its end
+			}
 			s.startTokenizing()
 			return k
 		}
@@ -214,11 +217,138 @@ func indexUsageToken(p []byte, i int) int {
 		if i+len(usageToken) > len(p) {
 			return -1
 		}
-		if string(p[i:i+len(usageToken)]) == usageToken {
+		// Most quotes start other strings: one byte tells.
+		if p[i+1] == 'u' && string(p[i:i+len(usageToken)]) == usageToken {
 			return i
 		}
 		i++
 	}
+}
+
+// readUsage reads the usage value after the "usage" string at p[k] when
+// this chunk holds all of it and it has the usual shape: an object of
+// numbers, plain strings, literals and a prompt_tokens_details object of
+// the same. It sets what the tokenizer would have found and returns the
+// offset past the object; ok is false (nothing changed) for anything
+// else, which the tokenizer then reads: a value cut by the chunk's end,
+// another nested value, an escape or a raw newline in a string, a
+// newline before the colon (which the tokenizer reads as a new event), a
+// nested "usage" key, or a usage that is not an object. A JSON response's
+// usage is then read without the tokenizer's per-byte steps.
+func (s *UsageScanner) readUsage(p []byte, k int) (end int, ok bool) {
+	j := k + len(usageToken)
+	for j < len(p) && (p[j] == ' ' || p[j] == '\t' || p[j] == '\r') {
+		j++
+	}
+	if j >= len(p) || p[j] != ':' {
+		return 0, false
+	}
+	j = skipSpace(p, j+1)
+	if j >= len(p) || p[j] != '{' {
+		return 0, false
+	}
+	var r usageRead
+	if j, ok = r.object(p, j, false); !ok {
+		return 0, false
+	}
+	s.prompt, s.cached, s.havePrompt, s.haveCached = r.prompt, r.cached, r.havePrompt, r.haveCached
+	s.tailLen, s.before = 0, '}'
+	return j, true
+}
+
+// usageRead is what readUsage found.
+type usageRead struct {
+	prompt, cached         int64
+	havePrompt, haveCached bool
+}
+
+// object reads the object at p[j] == '{' (the usage object, or details
+// within it) and returns the offset past it.
+func (r *usageRead) object(p []byte, j int, details bool) (int, bool) {
+	j++
+	for {
+		j = skipSpace(p, j)
+		if j >= len(p) {
+			return 0, false
+		}
+		switch p[j] {
+		case '}':
+			return j + 1, true
+		case ',':
+			j++
+			continue
+		case '"':
+		default:
+			return 0, false
+		}
+		kend, ok := plainString(p, j)
+		if !ok {
+			return 0, false
+		}
+		key := p[j+1 : kend-1]
+		j = skipSpace(p, kend)
+		if j >= len(p) || p[j] != ':' {
+			return 0, false
+		}
+		j = skipSpace(p, j+1)
+		if j >= len(p) {
+			return 0, false
+		}
+		switch c := p[j]; {
+		case string(key) == "usage":
+			return 0, false // the tokenizer starts over there
+		case c == '{' && !details && string(key) == "prompt_tokens_details":
+			if j, ok = r.object(p, j, true); !ok {
+				return 0, false
+			}
+			continue
+		case c == '"':
+			if j, ok = plainString(p, j); !ok {
+				return 0, false
+			}
+			continue
+		case c == '{' || c == '[':
+			return 0, false
+		}
+		// A number or a literal: the digits it starts with count for
+		// the keys of interest, as the tokenizer reads them.
+		start := j
+		var v int64
+		for j < len(p) && p[j] >= '0' && p[j] <= '9' {
+			if v < 1<<40 {
+				v = v*10 + int64(p[j]-'0')
+			}
+			j++
+		}
+		if j > start {
+			switch {
+			case !details && string(key) == "prompt_tokens":
+				r.prompt, r.havePrompt = v, true
+			case details && string(key) == "cached_tokens":
+				r.cached, r.haveCached = v, true
+			}
+		}
+		for j < len(p) && (p[j] == '.' || p[j] == '-' || p[j] == '+' || (p[j] >= '0' && p[j] <= '9') || (p[j] >= 'a' && p[j] <= 'z') || (p[j] >= 'A' && p[j] <= 'Z')) {
+			j++
+		}
+		if j == start {
+			return 0, false
+		}
+	}
+}
+
+// plainString returns the offset past the string token at p[j] == '"'
+// when it ends in p with no escape and no raw newline.
+func plainString(p []byte, j int) (int, bool) {
+	for j++; j < len(p); j++ {
+		switch p[j] {
+		case '"':
+			return j + 1, true
+		case '\\', '\n':
+			return 0, false
+		}
+	}
+	return 0, false
 }
 
 // tokenAt reports whether the stream tail[q:tailLen] + p holds the token

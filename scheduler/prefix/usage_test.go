@@ -234,3 +234,55 @@ func FuzzUsageSearch(f *testing.F) {
 		}
 	})
 }
+
+// The usual usage objects are read whole (readUsage) and give what
+// tokenizing every byte gives; the shapes it leaves to the tokenizer too.
+func TestUsageReadWholeIsTheTokenizersReading(t *testing.T) {
+	r := rand.New(rand.NewPCG(35, 36))
+	members := []string{`"prompt_tokens":%d`, `"completion_tokens":7`, `"total_tokens":1.5e3`, `"prompt_tokens":null`,
+		`"prompt_tokens":-4`, `"prompt_tokens":12.75`, `"prompt_tokens":"9"`, `"note":"plain"`, `"ok":true`,
+		`"prompt_tokens_details":{"cached_tokens":%d,"audio_tokens":0}`, `"prompt_tokens_details":null`,
+		`"prompt_tokens_details":{"cached_tokens":null}`, `"prompt_tokens_details" : { "cached_tokens" : %d }`,
+		"\n\t\"prompt_tokens\" :\r\n %d", `"cached_tokens":%d`, `"prompt_tokens_details":{"prompt_tokens":%d}`,
+		// Left to the tokenizer:
+		`"x":{"prompt_tokens":1}`, `"arr":[1,2]`, `"esc":"a\"b"`, `"usage":{"prompt_tokens":3}`,
+		`"prompt_tokens_details":{"cached_tokens":%d,"more":{"a":1}}`}
+	readWhole := 0
+	for trial := range 3000 {
+		var b strings.Builder
+		b.WriteString(`{"id":"x","usage":{`)
+		for m := range r.IntN(6) {
+			if m > 0 {
+				b.WriteString(",")
+			}
+			f := members[r.IntN(len(members))]
+			if strings.Contains(f, "%d") {
+				f = fmt.Sprintf(f, r.IntN(1<<20))
+			}
+			b.WriteString(f)
+		}
+		b.WriteString("}}")
+		body := []byte(b.String())
+		want := scanEverywhere(body)
+		if got := scanChunks(body); got != want {
+			t.Fatalf("trial %d: %+v, want %+v\n%s", trial, got, want, body)
+		}
+		var s UsageScanner
+		if _, ok := s.readUsage(body, strings.Index(b.String(), usageToken)); ok {
+			readWhole++
+		}
+		for range 5 {
+			i := r.IntN(len(body) + 1)
+			if got := scanChunks(body[:i], body[i:]); got != want {
+				t.Fatalf("trial %d: split at %d: %+v, want %+v\n%s", trial, i, got, want, body)
+			}
+		}
+	}
+	if readWhole < 1000 {
+		t.Fatalf("only %d of 3000 usage objects were read whole", readWhole)
+	}
+	var s UsageScanner
+	if _, ok := s.readUsage([]byte(chatResponse), strings.Index(chatResponse, `"usage":{`)); !ok {
+		t.Fatal("a chat response's usage was not read whole")
+	}
+}
