@@ -228,16 +228,20 @@ func hasLiteral(doc []byte, i int, lit string) bool {
 func scanString(doc []byte, i int) (int, bool) {
 	escaped := false
 	for i < len(doc) {
-		// Skip plain bytes 32, then 8 at a time: most of a chat body is
+		// Skip plain bytes 64, then 8 at a time: most of a chat body is
 		// string content, and a Wasm guest pays dearly per loop iteration
-		// (Go's wasm code goes through a jump table on every back edge).
-		for i+32 <= len(doc) {
-			w := doc[i : i+32 : i+32]
-			if (specialBits(binary.LittleEndian.Uint64(w)) | specialBits(binary.LittleEndian.Uint64(w[8:])) |
-				specialBits(binary.LittleEndian.Uint64(w[16:])) | specialBits(binary.LittleEndian.Uint64(w[24:]))) != 0 {
+		// (Go's wasm code goes through a jump table on every back edge)
+		// and per call, so the 64-byte step is written out (specialWord
+		// inlines; its results are or-ed and masked once).
+		for i+64 <= len(doc) {
+			b := (*[64]byte)(doc[i : i+64])
+			if (specialWord(binary.LittleEndian.Uint64(b[0:8]))|specialWord(binary.LittleEndian.Uint64(b[8:16]))|
+				specialWord(binary.LittleEndian.Uint64(b[16:24]))|specialWord(binary.LittleEndian.Uint64(b[24:32]))|
+				specialWord(binary.LittleEndian.Uint64(b[32:40]))|specialWord(binary.LittleEndian.Uint64(b[40:48]))|
+				specialWord(binary.LittleEndian.Uint64(b[48:56]))|specialWord(binary.LittleEndian.Uint64(b[56:64])))&highBits != 0 {
 				break
 			}
-			i += 32
+			i += 64
 		}
 		for i+8 <= len(doc) && specialBits(binary.LittleEndian.Uint64(doc[i:])) == 0 {
 			i += 8
@@ -280,11 +284,21 @@ func scanString(doc []byte, i int) (int, bool) {
 // never misses such a byte; it may flag extra ones after a real one, which
 // only sends that word to the byte-wise path. Non-zero results of several
 // words can be or-ed to test them at once.
-func specialBits(x uint64) uint64 {
-	const ones, highs = 0x0101010101010101, 0x8080808080808080
+func specialBits(x uint64) uint64 { return specialWord(x) & highBits }
+
+// highBits is the high bit of every byte of a word.
+const highBits = 0x8080808080808080
+
+// specialWord is specialBits before its mask: only the high bit of each
+// byte says anything. For a byte below 0x80 the subtractions borrow into
+// its high bit only at a quote (q zero), a backslash (b zero) or a control
+// character (below 0x20), or after one; for a byte at or above 0x80, q, b
+// and x all have the high bit, which the last and clears.
+func specialWord(x uint64) uint64 {
+	const ones = 0x0101010101010101
 	q := x ^ (ones * '"')
 	b := x ^ (ones * '\\')
-	return ((q-ones)&^q | (b-ones)&^b | (x-ones*0x20)&^x) & highs
+	return ((q - ones) | (b - ones) | (x - ones*0x20)) &^ (q & b & x)
 }
 
 func isHex(c byte) bool {

@@ -219,10 +219,10 @@ func TestSpecial8(t *testing.T) {
 }
 
 // scanString finds the end of a string, an escape or an invalid byte at
-// every offset of a long run, whichever word (of the 32- or 8-byte skips,
+// every offset of a long run, whichever word (of the 64- or 8-byte skips,
 // or the byte-wise tail) it falls in.
 func TestScanStringEveryOffset(t *testing.T) {
-	for n := 0; n < 100; n++ {
+	for n := 0; n < 200; n++ {
 		plain := strings.Repeat("é", n/2) + strings.Repeat("a", n%2) // multi-byte UTF-8 too
 		doc := []byte(plain + `"`)
 		end, esc := scanString(doc, 0)
