@@ -218,12 +218,16 @@ func (c *Cache) tellScheduler(identities bool) {
 		i, run := sv.off, sv.off
 		for bi := range sv.cur.Info {
 			if sv.strs[bi].unchanged {
-				c.snap.MetricsChangedRange(run, i)
+				if run < i {
+					c.snap.MetricsChangedRange(run, i)
+				}
 				run = i + sv.cur.Info[bi].Len
 			}
 			i += sv.cur.Info[bi].Len
 		}
-		c.snap.MetricsChangedRange(run, i)
+		if run < i {
+			c.snap.MetricsChangedRange(run, i)
+		}
 	}
 }
 
@@ -477,7 +481,7 @@ func (c *Cache) materialize(k int, full bool) {
 			m.RunningQueueSize = int(ld32(q, erRunning))
 			m.KVCacheUsage = math.Float64frombits(ld64(q, erKV))
 			m.MaxActiveModels = int(ld32(q, erMaxAdapters))
-			m.UpdateTime = time.Unix(0, clampTime(recv-int64(ld64(q, erAge))))
+			setTime(&m.UpdateTime, time.Unix(0, clampTime(recv-int64(ld64(q, erAge)))))
 			m.RoutedSinceUpdate = 0
 			if !adapters {
 				continue
@@ -578,4 +582,25 @@ func newerReport(a, b *scheduler.Endpoint) bool {
 		return c < 0
 	}
 	return a.Port < b.Port
+}
+
+// timeWords is time.Time's layout (checked by TestSetTimeKeepsTheInstant).
+type timeWords struct {
+	wall uint64
+	ext  int64
+	loc  unsafe.Pointer
+}
+
+// setTime stores t in *dst. When *dst already has t's location, as every
+// re-read's update times do after the first, only the two words without
+// pointers are written: a pointer store costs a write barrier while the
+// guest's collector marks, which in the Wasm guest was most of a
+// re-read's endpoint rewrite (BENCHMARKS.md).
+func setTime(dst *time.Time, t time.Time) {
+	d, s := (*timeWords)(unsafe.Pointer(dst)), (*timeWords)(unsafe.Pointer(&t))
+	if d.loc != s.loc {
+		*dst = t
+		return
+	}
+	d.wall, d.ext = s.wall, s.ext
 }

@@ -5,6 +5,7 @@ import (
 	"math/rand/v2"
 	"testing"
 	"time"
+	"unsafe"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -163,5 +164,22 @@ func TestNewStringTableKeepsEndpointIdentities(t *testing.T) {
 	fresh = snapshotOf(t, st)
 	for i := range fresh.Endpoints {
 		assert.Equal(t, fresh.Endpoints[i].ID, snap.Endpoints[i].ID, "endpoint %d", i)
+	}
+}
+
+// TestSetTimeKeepsTheInstant: setTime relies on time.Time's layout
+// (timeWords); whichever store it takes, the result is the instant and
+// location stored.
+func TestSetTimeKeepsTheInstant(t *testing.T) {
+	require.Equal(t, unsafe.Sizeof(timeWords{}), unsafe.Sizeof(time.Time{}))
+	var dst time.Time
+	for _, v := range []time.Time{
+		time.Unix(0, 1), time.Unix(1_700_000_000, 123_456_789), time.Unix(0, 5).UTC(),
+		time.Date(2026, 12, 1, 0, 0, 0, 7, time.FixedZone("x", 3600)), time.Unix(1_700_000_001, 0), time.Now(), {},
+	} {
+		setTime(&dst, v)
+		require.True(t, dst.Equal(v), "%v != %v", dst, v)
+		require.Equal(t, v.Location(), dst.Location())
+		require.Equal(t, v, dst) // monotonic reading too
 	}
 }
