@@ -229,8 +229,9 @@ type Request struct {
 	// pool's run of its cached blocks (noRun for none).
 	run int32
 	// taggedBlocks counts the leading blocks of a running request without
-	// token ids that already carry its tag (the hit of its resumption);
-	// blocks from there to cachedBlocks are tagged when it frees them.
+	// token ids that it found in its run when it resumed (already counted
+	// as cached); the blocks from there to cachedBlocks are counted as they
+	// fill, and all of them join its next run when it frees them.
 	taggedBlocks int
 	salt         uint64 // nonzero: a prompt without token ids (Prompt nil)
 	table        []int32
@@ -545,7 +546,7 @@ func (r *Replica) prepareHashes(req *Request) {
 // exists: the prompt's tail followed by generated tokens.
 func (r *Replica) appendBlockHash(s *Request) {
 	if s.salt != 0 {
-		return // virtual blocks are tagged, not hashed
+		return // its blocks are counted in runs, not hashed
 	}
 	i := len(s.hashes)
 	parent := noneHash
@@ -914,8 +915,8 @@ func (r *Replica) cacheFullBlocks(s *Request, tokens int) {
 	full := tokens / r.blockTokens
 	if s.salt != 0 {
 		// Only the owner can hit these blocks, and only once it has freed
-		// them: they are counted as cached now and tagged when freed
-		// (releaseRunning), which saves touching each block twice.
+		// them: they are counted as cached now and enter a run of the
+		// free queue when freed (releaseRunning).
 		if from := max(s.cachedBlocks, s.taggedBlocks); full > from {
 			r.pool.hashed += full - from
 		}
