@@ -151,7 +151,7 @@ func (s shareGPT) newSource(rate float64, seed uint64) (source, error) {
 	}
 	src := &workloadSource{w: w, next: w.Next()}
 	if s.unique {
-		src.ids = rand.New(rand.NewPCG(seed, 0x1d5e))
+		src.ids = rand.NewPCG(seed, 0x1d5e)
 	}
 	return src, nil
 }
@@ -159,7 +159,7 @@ func (s shareGPT) newSource(rate float64, seed uint64) (source, error) {
 type workloadSource struct {
 	w    *vllmsim.Workload
 	next vllmsim.Arrival
-	ids  *rand.Rand // unique prompts: their token ids; nil: none
+	ids  *rand.PCG // unique prompts: their token ids; nil: none
 	buf  []uint32
 }
 
@@ -181,7 +181,7 @@ func (s *workloadSource) take(a *arrival) {
 // below 2^24 drawn from rng, a stream of its own per run seed (so the
 // arrivals, lengths and adapters are those of the run without ids). Two
 // prompts share a first 16-token block with probability 2^-384: never.
-func uniquePromptTokens(dst []uint32, rng *rand.Rand, n int) []uint32 {
+func uniquePromptTokens(dst []uint32, rng *rand.PCG, n int) []uint32 {
 	return appendRandomTokens(dst, rng, n)
 }
 
@@ -194,17 +194,28 @@ const (
 	tokRoleAssistant
 )
 
-func appendRandomTokens(dst []uint32, rng *rand.Rand, n int) []uint32 {
+// appendRandomTokens appends n ids drawn from rng. It takes the generator
+// itself, not a rand.Rand over it, whose calls through the Source
+// interface cost scenario (a) a tenth of its run time; the draws are the
+// same (rand.Rand.Uint64 is its source's).
+func appendRandomTokens(dst []uint32, rng *rand.PCG, n int) []uint32 {
 	for range n {
 		dst = append(dst, uint32(rng.Uint64()>>40))
 	}
 	return dst
 }
 
+// newDraws is a stream of random draws and its generator, for
+// appendRandomTokens.
+func newDraws(seed, stream uint64) (*rand.Rand, *rand.PCG) {
+	g := rand.NewPCG(seed, stream)
+	return rand.New(g), g
+}
+
 // fixedTokens is a prompt part that is the same in every run: n ids drawn
 // from key.
 func fixedTokens(key uint64, n int) []uint32 {
-	return appendRandomTokens(make([]uint32, 0, n), rand.New(rand.NewPCG(key, 0x70c5)), n)
+	return appendRandomTokens(make([]uint32, 0, n), rand.NewPCG(key, 0x70c5), n)
 }
 
 // poisson draws the gaps of a Poisson stream.
@@ -263,8 +274,8 @@ func (s SharedContexts) newSource(rate float64, seed uint64) (source, error) {
 		return nil, err
 	}
 	src := &contextSource{cfg: s, contexts: make([][]uint32, s.Groups),
-		gaps:  poisson{rng: rand.New(rand.NewPCG(seed, 0x9a95)), rate: rate},
-		draws: rand.New(rand.NewPCG(seed, 0xd0c5))}
+		gaps: poisson{rng: rand.New(rand.NewPCG(seed, 0x9a95)), rate: rate}}
+	src.draws, src.tokens = newDraws(seed, 0xd0c5)
 	src.nextAt = src.gaps.next()
 	return src, nil
 }
@@ -274,6 +285,7 @@ type contextSource struct {
 	contexts [][]uint32
 	gaps     poisson
 	draws    *rand.Rand
+	tokens   *rand.PCG // draws' generator
 	nextAt   time.Duration
 	seq      int
 	buf      []uint32
@@ -289,7 +301,7 @@ func (s *contextSource) take(a *arrival) {
 		s.contexts[g] = fixedTokens(uint64(g)+1, s.cfg.ContextTokens)
 	}
 	q := max(1, s.cfg.Question.Sample(s.draws))
-	s.buf = appendRandomTokens(append(s.buf[:0], s.contexts[g]...), s.draws, q)
+	s.buf = appendRandomTokens(append(s.buf[:0], s.contexts[g]...), s.tokens, q)
 	*a = arrival{seq: s.seq, at: s.nextAt, promptTokens: len(s.buf), prompt: s.buf,
 		outputTokens: max(1, s.cfg.Output.Sample(s.draws)), outputSeed: s.draws.Uint64(), opens: true}
 	s.seq++
@@ -327,8 +339,8 @@ func (s SystemPrompts) newSource(rate float64, seed uint64) (source, error) {
 	if err != nil {
 		return nil, err
 	}
-	src := &systemSource{w: w, next: w.Next(), system: map[string][]uint32{}, tokens: s.SystemTokens,
-		draws: rand.New(rand.NewPCG(seed, 0x5959))}
+	src := &systemSource{w: w, next: w.Next(), system: map[string][]uint32{}, tokens: s.SystemTokens}
+	src.draws, src.gen = newDraws(seed, 0x5959)
 	for i, a := range s.Adapters {
 		src.system[a.Name] = fixedTokens(0x5e00+uint64(i), s.SystemTokens)
 	}
@@ -341,6 +353,7 @@ type systemSource struct {
 	system map[string][]uint32
 	tokens int
 	draws  *rand.Rand
+	gen    *rand.PCG // draws' generator
 	buf    []uint32
 }
 
@@ -350,7 +363,7 @@ func (s *systemSource) opensNext() bool { return true }
 
 func (s *systemSource) take(a *arrival) {
 	n := s.next
-	s.buf = appendRandomTokens(append(s.buf[:0], s.system[n.Adapter]...), s.draws, n.PromptTokens)
+	s.buf = appendRandomTokens(append(s.buf[:0], s.system[n.Adapter]...), s.gen, n.PromptTokens)
 	*a = arrival{seq: n.Seq, at: n.At, adapter: n.Adapter, promptTokens: len(s.buf), prompt: s.buf,
 		outputTokens: n.OutputTokens, outputSeed: s.draws.Uint64(), opens: true}
 	s.next = s.w.Next()
@@ -395,7 +408,8 @@ func (m MultiTurn) newSource(rate float64, seed uint64) (source, error) {
 		return nil, err
 	}
 	s := &chatSource{cfg: m, starts: poisson{rng: rand.New(rand.NewPCG(seed, 0x5e55)), rate: rate / m.meanTurns()},
-		draws: rand.New(rand.NewPCG(seed, 0x7a1c)), turnTokens: int(1.25 * (m.User.Mean() + m.Output.Mean() + 6))}
+		turnTokens: int(1.25 * (m.User.Mean() + m.Output.Mean() + 6))}
+	s.draws, s.tokens = newDraws(seed, 0x7a1c)
 	s.nextStart = s.starts.next()
 	return s, nil
 }
@@ -418,6 +432,7 @@ type chatSource struct {
 	starts    poisson
 	nextStart time.Duration
 	draws     *rand.Rand
+	tokens    *rand.PCG // draws' generator
 	followUps turnHeap
 	seq       int
 	// turnTokens is a generous mean of the tokens one turn adds to a
@@ -480,7 +495,7 @@ func (s *chatSource) take(a *arrival) {
 	}
 	c.left--
 	c.history = append(c.history, tokTurnStart, tokRoleUser)
-	c.history = appendRandomTokens(c.history, s.draws, max(1, s.cfg.User.Sample(s.draws)))
+	c.history = appendRandomTokens(c.history, s.tokens, max(1, s.cfg.User.Sample(s.draws)))
 	c.history = append(c.history, tokTurnEnd, tokTurnStart, tokRoleAssistant)
 	t := &turn{conv: c, output: max(1, s.cfg.Output.Sample(s.draws)), seed: s.draws.Uint64()}
 	*a = arrival{seq: s.seq, at: at, promptTokens: len(c.history), prompt: c.history, outputTokens: t.output,
