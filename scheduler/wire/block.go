@@ -135,8 +135,11 @@ func (b Block) StringTable() []byte { return b[b.lensAt():] }
 
 // AgentID returns string 0 without copying; valid while b is.
 func (b Block) AgentID() []byte {
-	lens := b.lensAt()
-	return b[b.stringsAt() : b.stringsAt()+int(b[lens])]
+	_ = b[blockHeaderBytes-1] // a checked block: its header is there
+	p := unsafe.Pointer(unsafe.SliceData(b))
+	lens := blockHeaderBytes + int(ld16(p, bhEps))*recordBytes + 2*int(ld16(p, bhRefs))
+	at := lens + int(ld16(p, bhStrs))
+	return b[at : at+int(b[lens])]
 }
 
 // Strings appends the block's strings to dst, all sharing one new backing

@@ -18,3 +18,9 @@ func ld32(p unsafe.Pointer, off int) uint32 {
 func ld64(p unsafe.Pointer, off int) uint64 {
 	return binary.LittleEndian.Uint64(unsafe.Slice((*byte)(unsafe.Add(p, off)), 8))
 }
+func st32(p unsafe.Pointer, off int, v uint32) {
+	binary.LittleEndian.PutUint32(unsafe.Slice((*byte)(unsafe.Add(p, off)), 4), v)
+}
+func st64(p unsafe.Pointer, off int, v uint64) {
+	binary.LittleEndian.PutUint64(unsafe.Slice((*byte)(unsafe.Add(p, off)), 8), v)
+}

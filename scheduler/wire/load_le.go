@@ -14,3 +14,7 @@ import "unsafe"
 func ld16(p unsafe.Pointer, off int) uint16 { return *(*uint16)(unsafe.Add(p, off)) }
 func ld32(p unsafe.Pointer, off int) uint32 { return *(*uint32)(unsafe.Add(p, off)) }
 func ld64(p unsafe.Pointer, off int) uint64 { return *(*uint64)(unsafe.Add(p, off)) }
+
+// Stores for stamping a stored block's header, under the same rule.
+func st32(p unsafe.Pointer, off int, v uint32) { *(*uint32)(unsafe.Add(p, off)) = v }
+func st64(p unsafe.Pointer, off int, v uint64) { *(*uint64)(unsafe.Add(p, off)) = v }

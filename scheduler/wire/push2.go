@@ -154,21 +154,28 @@ func (d *PushDecoder) decodeV2(push []byte, lim *Limits, deep bool) (*PushView, 
 		return nil, errf(ErrInvalidField, "push.n_blocks", off-2, "a relay carries at least one agent block")
 	}
 	d.blocks = d.blocks[:0]
+	var prevID []byte
 	for i := 0; i < nb; i++ {
-		size, err := checkShape(push[off:], lim, inPush, "push.blocks", i, off)
+		// checkShape, spelled out: in the guest every call counts
+		size, err := checkHeader(push[off:], lim, inPush, "push.blocks", i, off)
 		if err != nil {
 			return nil, err
 		}
 		b := Block(push[off : off+size])
+		if err := checkRecords(b, lim, "push.blocks", i, off); err != nil {
+			return nil, err
+		}
 		if deep {
 			if err := d.checker.checkDeep(b, lim, "push.blocks", i, off); err != nil {
 				return nil, err
 			}
 		}
-		if i > 0 && bytes.Compare(d.blocks[i-1].AgentID(), b.AgentID()) >= 0 {
+		id := b.AgentID()
+		if i > 0 && bytes.Compare(prevID, id) >= 0 {
 			return nil, errf(ErrInvalidField, "push.blocks["+strconv.Itoa(i)+"]", off,
-				"agents not sorted and unique: "+strconv.Quote(string(d.blocks[i-1].AgentID()))+" then "+strconv.Quote(string(b.AgentID())))
+				"agents not sorted and unique: "+strconv.Quote(string(prevID))+" then "+strconv.Quote(string(id)))
 		}
+		prevID = id
 		d.blocks = append(d.blocks, b)
 		off += size
 	}

@@ -214,9 +214,9 @@ func info(b Block) BlockInfo {
 // and merged (checkHeader), in the order and segment the writer keeps them.
 // The writer reads what it is about to merge into this way.
 //
-// known, when set, says which identities the caller checked before: their
-// blocks' segment is not hashed again.
-func readSegment(b []byte, index int, lim *Limits, s *Segment, known func(uint32) bool) *Error {
+// known lists identities the caller checked before: their blocks'
+// segment is not hashed again.
+func readSegment(b []byte, index int, lim *Limits, s *Segment, known []uint32) *Error {
 	if err := walkSegment(b, index, lim, s); err != nil {
 		return err
 	}
@@ -227,7 +227,7 @@ func readSegment(b []byte, index int, lim *Limits, s *Segment, known func(uint32
 		}
 		s.Info[i] = info(blk) // the header is checked now: the id is string 0
 		id := s.Info[i].ID
-		if known == nil || !known(s.Info[i].Identity) {
+		if !hasIdentity(known, s.Info[i].Identity) {
 			if SegmentOf(id) != index {
 				return errf(ErrInvalidField, "segment.blocks["+strconv.Itoa(i)+"]", off, "agent "+strconv.Quote(string(id))+" belongs in segment "+strconv.Itoa(SegmentOf(id)))
 			}
@@ -238,6 +238,16 @@ func readSegment(b []byte, index int, lim *Limits, s *Segment, known func(uint32
 		off += len(blk)
 	}
 	return nil
+}
+
+// hasIdentity reports whether ids holds id.
+func hasIdentity(ids []uint32, id uint32) bool {
+	for _, x := range ids {
+		if x == id {
+			return true
+		}
+	}
+	return false
 }
 
 // walkSegment checks what is needed to find a segment's blocks and read

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"strconv"
 	"time"
+	"unsafe"
 
 	"github.com/wasm-epp/wasm-epp/scheduler/kv"
 )
@@ -327,7 +328,7 @@ func (w *Writer) readSegment(st Store, k int, stats *ApplyStats) error {
 	case err != nil:
 		return err
 	}
-	if e := readSegment(b, k, &w.lim, &s.stored, s.knows); e != nil {
+	if e := readSegment(b, k, &w.lim, &s.stored, s.known); e != nil {
 		// Unreadable (another build, or a bug): start this segment afresh
 		// keeping its generation moving; its agents return with their
 		// next push.
@@ -361,14 +362,7 @@ func (w *Writer) readSegment(st Store, k int, stats *ApplyStats) error {
 }
 
 // knows reports whether identity was checked (or written) by this writer.
-func (s *segWork) knows(identity uint32) bool {
-	for _, id := range s.known {
-		if id == identity {
-			return true
-		}
-	}
-	return false
-}
+func (s *segWork) knows(identity uint32) bool { return hasIdentity(s.known, identity) }
 
 // deepCheck deep-checks segment k's incoming blocks: the identity of those
 // whose identity differs from their agent's stored block, every block's
@@ -400,10 +394,14 @@ func (s *segWork) pair() {
 	stored := s.stored.Info
 	for j := range s.inInfo {
 		id := s.inInfo[j].ID
-		for i < len(stored) && bytes.Compare(stored[i].ID, id) < 0 {
+		c := -1
+		for i < len(stored) {
+			if c = bytes.Compare(stored[i].ID, id); c >= 0 {
+				break
+			}
 			i++
 		}
-		if i < len(stored) && bytes.Equal(stored[i].ID, id) {
+		if c == 0 {
 			s.match = append(s.match, i)
 			s.same = append(s.same, sameIdentity(s.in[j], s.stored.Blocks[i]))
 		} else {
@@ -556,8 +554,10 @@ func (w *Writer) merge(k int, now, cutoff int64) {
 // its identity is set. Ages and the held time stay as the sender measured
 // them; readers count them back from received.
 func stampBlock(b []byte, now int64, identity uint32) {
-	binary.LittleEndian.PutUint64(b[bhReceived:], uint64(now))
-	binary.LittleEndian.PutUint32(b[bhIdentity:], identity)
+	_ = b[blockHeaderBytes-1] // one bounds check, then unchecked stores (load_le.go)
+	p := unsafe.Pointer(unsafe.SliceData(b))
+	st64(p, bhReceived, uint64(now))
+	st32(p, bhIdentity, identity)
 }
 
 // checkTotals checks the limits over every segment, the touched ones
