@@ -393,59 +393,72 @@ func (c *Cache) readSegment(st Store, k int, dirGen uint32) (moved, strs bool, e
 }
 
 // rereadInPlace takes the new value b of segment sv when it holds the
-// same blocks as the current one, in the same order and of the same
-// sizes (same identities, endpoint, reference and string counts): the
-// common re-read, where only values, times and adapter lists moved. It
-// copies b over the current value, so the current blocks (views of it)
-// read the new content, and updates their headers field by field. No
-// pointer is stored, so the guest pays no write barrier for it while its
-// collector marks; walkSegment and the matching in readSegment store a
-// few per block (BENCHMARKS.md). It reports false, changing nothing,
-// when the layout differs or a block's new adapter references fail their
-// check; readSegment then reads b the general way.
+// same blocks as the current one, in the same order (same identities,
+// endpoint and string counts): the common re-read, where only values,
+// times and adapter lists moved. It copies b into the current value's
+// buffer, so the current blocks (views of it) read the new content, and
+// updates their headers field by field; only blocks whose adapter lists
+// changed length, and so moved, get new views. Pointer stores are what
+// the guest pays a write barrier for while its collector marks, and
+// walkSegment and the matching in readSegment store a few per block
+// (BENCHMARKS.md). It checks what walkSegment and readSegment would
+// (each block fits, its records fit, new adapter references are in
+// range) and reports false, changing nothing but the read flags, when
+// the layout differs or a check fails; readSegment then reads b the
+// general way.
 func (c *Cache) rereadInPlace(sv *segView, b []byte) bool {
 	cur := sv.cur.Info
-	if !sv.known || len(b) != len(sv.buf) || len(b) < segHeaderBytes || len(cur) != len(sv.cur.Blocks) ||
+	if !sv.known || len(b) < segHeaderBytes || len(cur) != len(sv.cur.Blocks) ||
 		b[0] != magicSegment[0] || b[1] != magicSegment[1] || b[2] != version2 || int(b[3]) != sv.cur.Index ||
 		int(le16(b, 8)) != len(cur) || le16(b, 10) != 0 || le32(b, 12) != 0 {
 		return false
 	}
 	// Check every block before changing anything but the read flags (any
 	// successful read sets them anew).
-	off := segHeaderBytes
+	off, moved := segHeaderBytes, false
 	for i := range cur {
 		o, old := &cur[i], sv.cur.Blocks[i]
-		size := len(old)
-		if len(b)-off < size || unsafe.SliceData(old) != &sv.buf[off] { // the current blocks lie back to back in sv.buf
+		if len(b)-off < blockHeaderBytes {
 			return false
 		}
-		p := unsafe.Pointer(&b[off]) // off+size <= len(b), size >= blockHeaderBytes
-		if int(ld32(p, bhLen)) != size || ld32(p, bhIdentity) != o.Identity || int(ld16(p, bhEps)) != o.Len ||
-			int(ld16(p, bhRefs)) != o.Refs || int(ld16(p, bhStrs)) != o.Strings {
+		p := unsafe.Pointer(&b[off])
+		size := int(ld32(p, bhLen))
+		if size < blockHeaderBytes || size > len(b)-off || ld32(p, bhIdentity) != o.Identity || int(ld16(p, bhEps)) != o.Len ||
+			blockHeaderBytes+o.Len*recordBytes > size || int(ld16(p, bhStrs)) != o.Strings {
 			return false
 		}
 		blk := Block(b[off : off+size])
-		refsSame := sameRefs(blk, old, o.Len, o.Refs)
+		refsSame := int(ld16(p, bhRefs)) == o.Refs && sameRefs(blk, old, o.Len, o.Refs)
 		if !refsSame && !checkRefs(blk, &c.lim) {
 			return false
 		}
 		sv.strs[i].refsSame = refsSame
+		moved = moved || size != len(old) || off >= len(sv.buf) || unsafe.SliceData(old) != &sv.buf[off]
 		off += size
 	}
 	if off != len(b) {
 		return false
 	}
+	if cap(sv.buf) < len(b) {
+		sv.buf, sv.spare = b, sv.buf // b is sv.spare's storage, or larger
+	} else {
+		sv.buf = sv.buf[:len(b)]
+		copy(sv.buf, b)
+	}
 	off = segHeaderBytes
 	for i := range cur {
 		o, r := &cur[i], &sv.strs[i]
-		p := unsafe.Pointer(&b[off])
+		p := unsafe.Pointer(&sv.buf[off])
+		size := int(ld32(p, bhLen))
+		if moved {
+			sv.cur.Blocks[i] = Block(sv.buf[off : off+size])
+		}
 		seq, held, recv := ld64(p, bhSeq), int64(ld64(p, bhHeld)), int64(ld64(p, bhReceived))
 		r.sameID = true
 		r.unchanged = r.refsSame && o.Seq == seq && o.Received == recv && o.Held == held
-		o.Seq, o.Held, o.Received = seq, held, recv
-		off += len(sv.cur.Blocks[i])
+		o.Seq, o.Held, o.Received, o.Refs = seq, held, recv, int(ld16(p, bhRefs))
+		off += size
 	}
-	copy(sv.buf, b)
 	sv.cur.Gen = le32(b, 4)
 	sv.known, sv.changed = true, true
 	sv.newest = 0

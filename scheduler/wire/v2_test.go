@@ -614,3 +614,40 @@ func TestCreatingAKeyKeepsAnotherWritersBlock(t *testing.T) {
 		})
 	}
 }
+
+// TestInPlaceRereadFollowsBlocksThatMoved: when one agent's adapter list
+// changes length, its block changes size and the blocks after it in the
+// segment move; a cache that has read the segment before must then read
+// every block where it now lies, as a fresh cache does.
+func TestInPlaceRereadFollowsBlocksThatMoved(t *testing.T) {
+	var ids []string // three agents of one segment, in sorted order
+	for i := 0; len(ids) < 3; i++ {
+		if id := fmt.Sprintf("node-%03d", i); SegmentOf([]byte(id)) == SegmentOf([]byte("node-000")) {
+			ids = append(ids, id)
+		}
+	}
+	st := &MemStore{}
+	w := NewWriter(testKeys, Limits{}, time.Hour)
+	c := NewCache(testKeys, Limits{})
+	encs := make([]BlockEncoder, len(ids))
+	lists := [][]string{{"a1", "a2", "a3"}, {"a1"}, {"a1", "a3"}, {"a2", "a3"}, {"a3"}, {"a1", "a2", "a3"}}
+	for round, l := range lists {
+		for k, id := range ids {
+			// markers of 3: the same adapter names, other values
+			eps := agentState(id, 2, uint32(3*(10*round+k+1)), at(time.Duration(round)*time.Millisecond))
+			if k == 0 {
+				eps[0].ActiveAdapters = l
+			}
+			b, err := encs[k].AppendAgentPush(nil, &Push{AgentID: id, Seq: uint64(round + 1), SendTime: at(0), Endpoints: eps}, Limits{})
+			require.NoError(t, err)
+			_, err = w.Apply(st, b, at(time.Duration(round)*time.Millisecond))
+			require.NoError(t, err)
+		}
+		snap, _, err := c.Refresh(st)
+		require.NoError(t, err)
+		fresh, _, err := NewCache(testKeys, Limits{}).Refresh(st)
+		require.NoError(t, err)
+		require.Equal(t, fresh.Endpoints, snap.Endpoints, "round %d", round)
+	}
+	assert.Equal(t, len(ids), c.Stats().Rebuilds, "identities kept: strings made once per agent")
+}
