@@ -181,16 +181,29 @@ func BenchmarkFilterCallbacksLargeN(b *testing.B) {
 // under pluginConfig at each of sizes endpoints; a variant ending in
 // "prompts=unique" numbers each request's prompt at its start.
 func benchmarkMainPlugin(b *testing.B, code []byte, pluginConfig, variant string, sizes ...int) {
+	benchmarkMainPluginRelays(b, code, pluginConfig, variant, 0, func(n int) []*wire.MemStore {
+		// Stored "in the future": fresh however long the benchmark runs.
+		return []*wire.MemStore{benchSnapshot(b, n, time.Now().Add(time.Hour))}
+	}, sizes...)
+}
+
+// benchmarkMainPluginRelays is benchmarkMainPlugin on the shared data
+// states(n) gives: the first is stored before the first request, and with
+// more than one, the next is stored before every relayEvery-th request,
+// in turn, as relays arriving between requests would leave it.
+func benchmarkMainPluginRelays(b *testing.B, code []byte, pluginConfig, variant string, relayEvery int,
+	states func(n int) []*wire.MemStore, sizes ...int) {
 	cfg, err := config.Decode([]byte(pluginConfig))
 	require.NoError(b, err)
 	for _, n := range sizes {
 		b.Run(fmt.Sprintf("endpoints=%d/%s", n, variant), func(b *testing.B) {
 			h := newHarness(b, trivialGuestPkg, withWorkers(1), withAllowStopIteration(), withPluginConfig(pluginConfig),
 				func(_ *Config, p *PluginConfig) { p.VM.Code = code })
-			// Stored "in the future": fresh however long the benchmark runs.
-			benchSnapshot(b, n, time.Now().Add(time.Hour)).Each(func(key string, value []byte) {
-				h.host.shared.set("test-vm", key, value, 0)
-			})
+			stored := states(n)
+			store := func(st *wire.MemStore) {
+				st.Each(func(key string, value []byte) { h.host.shared.set("test-vm", key, value, 0) })
+			}
+			store(stored[0])
 			vm, root := workerVM(b, h)
 			reqHeaders := NewHeaderMap(Pair{":authority", "gw"}, Pair{":path", "/v1/chat/completions"},
 				Pair{":method", "POST"}, Pair{":scheme", "http"}, Pair{"content-type", "application/json"},
@@ -204,6 +217,9 @@ func benchmarkMainPlugin(b *testing.B, code []byte, pluginConfig, variant string
 			var req *HeaderMap
 			b.ResetTimer()
 			for i := 0; i < b.N; i++ {
+				if len(stored) > 1 && i%relayEvery == 0 {
+					store(stored[(i/relayEvery+1)%len(stored)])
+				}
 				if unique {
 					for k, v := numbered+7, i; k >= numbered; k, v = k-1, v/10 { // eight digits in place
 						body[k] = byte('0' + v%10)
@@ -229,6 +245,59 @@ func benchmarkMainPlugin(b *testing.B, code []byte, pluginConfig, variant string
 			b.ReportMetric(float64(b.Elapsed().Microseconds())/float64(b.N), "µs/req")
 		})
 	}
+}
+
+// BenchmarkFilterCallbacksUnderRelays is the decision tree's request
+// while relays rewrite the shared data between requests (2 endpoints to
+// an agent, as in bin/scalebench): a relay before every second request,
+// alternating two stored states, so every other request re-reads the
+// segments and the scheduler follows. values: every endpoint's values
+// differ between the two (the worst case, near the knee's); heartbeat:
+// the same values scraped later (an idle fleet's relays); none: no
+// relays (the same fleet, for comparison). Per request it includes the
+// host writing the relay's keys (BENCHMARKS.md, "Metrics path at scale").
+func BenchmarkFilterCallbacksUnderRelays(b *testing.B) {
+	code, err := os.ReadFile(wasmbuild.Plugin(b))
+	require.NoError(b, err)
+	pluginConfig := `{"models": [{"name": "chat", "criticality": "Standard"}], "scheduler": {"profile": "decision-tree"}}`
+	for _, pattern := range []string{"none", "values", "heartbeat"} {
+		benchmarkMainPluginRelays(b, code, pluginConfig, "relays="+pattern, 2, func(n int) []*wire.MemStore {
+			now := time.Now().Add(time.Hour)
+			st := []*wire.MemStore{relayedSnapshot(b, n, now, 0, nil)}
+			switch pattern {
+			case "values":
+				st = append(st, relayedSnapshot(b, n, now.Add(50*time.Millisecond), 1, st[0]))
+			case "heartbeat":
+				st = append(st, relayedSnapshot(b, n, now.Add(50*time.Millisecond), 0, st[0]))
+			}
+			return st
+		}, 1000, 5000)
+	}
+}
+
+// relayedSnapshot is shared data holding n endpoints of agents of two, as
+// the receiver stores them at now, on top of a copy of base (nil: empty)
+// with sequence 2 (1 without base); round shifts every value.
+func relayedSnapshot(b testing.TB, n int, now time.Time, round int, base *wire.MemStore) *wire.MemStore {
+	st, seq := &wire.MemStore{}, uint64(1)
+	if base != nil {
+		base.Each(func(key string, value []byte) { require.NoError(b, st.Set(key, value, 0)) })
+		seq = 2
+	}
+	for a := 0; a*2 < n; a++ {
+		part := make([]wire.EndpointState, 0, 2)
+		for i := a * 2; i < min(n, a*2+2); i++ {
+			part = append(part, wire.EndpointState{
+				Namespace: "llm", Name: fmt.Sprintf("vllm-%04d", i),
+				Address: netip.AddrFrom4([4]byte{10, 0, byte(i / 200), byte(i%200 + 1)}), Port: 8000,
+				Waiting: uint32((i + round) % 4), Running: uint32(5 + (i+3*round)%11), KVCacheUsage: float64((i+7*round)%70) / 100,
+				MaxAdapters: 4, ActiveAdapters: []string{fmt.Sprintf("adapter-%d", i%5)}, ScrapeTime: now,
+			})
+		}
+		wire.Normalize(part)
+		require.NoError(b, wire.Fill(st, wire.DefaultKeyPrefix, fmt.Sprintf("agent-%04d", a), seq, part, now))
+	}
+	return st
 }
 
 // benchSnapshot is shared data holding n endpoints (varied load and
