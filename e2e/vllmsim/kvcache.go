@@ -241,24 +241,37 @@ func (p *blockPool) touch(list []int32) {
 // blocks (anonymous, a request without token ids) noBlock. The caller has
 // checked n <= p.free.
 func (p *blockPool) allocate(n int, dst []int32, anonymous bool) []int32 {
+	start := len(dst)
 	for range n {
-		b := p.popFront()
+		dst = append(dst, p.popFront())
+	}
+	taken := dst[start:]
+	// Read the taken records before evicting them one by one: these loads
+	// do not depend on each other, so their cache misses overlap, where
+	// each eviction's probe of the index waits for its record.
+	var hashes uint64
+	for _, b := range taken {
 		if b != noBlock {
-			p.evict(b)
+			hashes |= p.blocks[b].hash
+		}
+	}
+	for i, b := range taken {
+		if hashes != 0 && b != noBlock {
+			p.evict(b) // the queue's records all have a hash
 		}
 		if anonymous {
 			if b != noBlock {
 				p.spare = append(p.spare, b)
+				taken[i] = noBlock
 			}
-			dst = append(dst, noBlock)
 			continue
 		}
 		if b == noBlock {
 			b = p.spare[len(p.spare)-1]
 			p.spare = p.spare[:len(p.spare)-1]
+			taken[i] = b
 		}
 		p.blocks[b].ref = 1
-		dst = append(dst, b)
 	}
 	return dst
 }
