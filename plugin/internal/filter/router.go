@@ -361,8 +361,13 @@ func (r *Router) scanResponse(c *httpContext, size int, end bool) {
 }
 
 // maxKeptBody caps the body buffer a router keeps: larger bodies (rare:
-// long prompts) get a buffer of their own.
-const maxKeptBody = 256 << 10
+// huge prompts) get a buffer of their own. It is 1 MiB, the default
+// maxBodyBytes: at 256 KiB a chat body of a 256 KiB prompt (a little
+// more with its JSON) missed the kept buffer, and allocating it, then
+// collecting it, cost each such request about as much as parsing it
+// (BENCHMARKS.md). An allocating router holds as much between two
+// collections anyway.
+const maxKeptBody = 1 << 20
 
 // readBody reads the buffered request body into bodyBuf (growing it up to
 // maxKeptBody). The result is valid until the next request's body is read.
