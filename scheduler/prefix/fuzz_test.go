@@ -1,6 +1,7 @@
 package prefix
 
 import (
+	"bytes"
 	"encoding/json"
 	"slices"
 	"testing"
@@ -9,10 +10,12 @@ import (
 // FuzzHash feeds any bytes to both renderers: the filter only hands them
 // validated JSON, but nothing may panic or loop on other bytes, MaxBlocks
 // holds, and on valid JSON the hashes do not depend on insignificant
-// whitespace.
+// whitespace, nor on "role" and "content" being written with an escape
+// (which takes the member iterator instead of the plain role-then-content
+// path).
 func FuzzHash(f *testing.F) {
 	for _, s := range []string{
-		`[{"role":"user","content":"hi"}]`,
+		`[{"role":"user","content":"hi"}]`, `[{"role":"system","content":"a"},{"content":"b","role":"user"},{"role":"user","name":"n","content":"c","role":"x"}]`,
 		`[{"role":"user","content":[{"type":"text","text":"a\u00e9\ud83d\ude00"},{"type":"image_url","image_url":{"url":"data:x"}}]}]`,
 		`[{"role":"assistant","content":null,"tool_calls":[{"id":"c","function":{"name":"f","arguments":"{}"}}]},{"role":"tool","tool_call_id":"c","content":"42"}]`,
 		`"plain prompt"`, `[1,2,3]`, `[[1,2],[3]]`, `["a","b"]`, `[`, `"\u12`, `[{"role":"u","content":[{"type":"x","v":[[[[]]]]}]}]`,
@@ -41,6 +44,11 @@ func FuzzHash(f *testing.F) {
 		errChat2 := h.HashMessages("m", nil, nil, spaced)
 		if (errChat == nil) != (errChat2 == nil) || (errChat == nil && !slices.Equal(chat, h.Blocks())) {
 			t.Fatalf("messages: whitespace changed the result: %v/%v\n%q\n%q", errChat, errChat2, data, spaced)
+		}
+		escaped := bytes.ReplaceAll(bytes.ReplaceAll(data, []byte(`"role"`), []byte(`"rol\u0065"`)), []byte(`"content"`), []byte(`"conten\u0074"`))
+		errChat3 := h.HashMessages("m", nil, nil, escaped)
+		if (errChat == nil) != (errChat3 == nil) || (errChat == nil && !slices.Equal(chat, h.Blocks())) {
+			t.Fatalf("messages: escaped keys changed the result: %v/%v\n%q\n%q", errChat, errChat3, data, escaped)
 		}
 		errPrompt2 := h.HashPrompt("m", nil, spaced)
 		if (errPrompt == nil) != (errPrompt2 == nil) || (errPrompt == nil && !slices.Equal(prompt, h.Blocks())) {

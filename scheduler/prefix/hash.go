@@ -102,6 +102,9 @@ type Hasher struct {
 	full bool
 	// bytes counts the canonical bytes written (dropped ones included).
 	bytes int
+	// msgKeys and partKeys decode escaped keys of a message and of a
+	// content part (members).
+	msgKeys, partKeys [64]byte
 }
 
 // NewHasher returns a Hasher; cfg is validated after defaults.
@@ -431,7 +434,20 @@ var absent = span{-1, -1}
 func (h *Hasher) writeMessage(doc []byte, i int) (int, error) {
 	role, name, content, toolCalls, toolID := absent, absent, absent, absent, absent
 	rendered := false
-	it := newMembers(doc, i)
+	it := newMembers(doc, i, &h.msgKeys)
+	// The usual message starts with a plain "role" then "content":
+	// rendered without the iterator, which then goes on from there.
+	if r, c, ok := roleThenContent(doc, i); ok {
+		if err := h.writeHead(doc, r); err != nil {
+			return 0, err
+		}
+		end, err := h.writeContent(doc, c)
+		if err != nil {
+			return 0, err
+		}
+		role, rendered = r, true
+		it.consumed(end)
+	}
 	for key, start, ok := it.next(); ok; key, start, ok = it.next() {
 		if string(key) == "content" && role.start >= 0 && !rendered {
 			if err := h.writeHead(doc, role); err != nil {
@@ -500,6 +516,45 @@ func (h *Hasher) writeMessage(doc []byte, i int) (int, error) {
 	return it.end, nil
 }
 
+// roleThenContent recognizes a message object at doc[i] == '{' whose
+// first member is "role" with a string holding no escape, and whose
+// second is "content" (keys written plainly): it returns the role's span
+// and where the content's value starts. Anything else is left to the
+// member iterator, which reads the same message the same way.
+func roleThenContent(doc []byte, i int) (role span, content int, ok bool) {
+	j, ok := token(doc, i+1, `"role"`)
+	if ok {
+		j, ok = token(doc, j, ":")
+	}
+	if !ok {
+		return span{}, 0, false
+	}
+	if j = skipSpace(doc, j); j >= len(doc) || doc[j] != '"' {
+		return span{}, 0, false
+	}
+	end := plainRun(doc, j+1)
+	if end >= len(doc) || doc[end] != '"' {
+		return span{}, 0, false
+	}
+	role = span{j, end + 1}
+	if j, ok = token(doc, end+1, ","); ok {
+		if j, ok = token(doc, j, `"content"`); ok {
+			j, ok = token(doc, j, ":")
+		}
+	}
+	if j = skipSpace(doc, j); !ok || j >= len(doc) {
+		return span{}, 0, false
+	}
+	return role, j, true
+}
+
+// token reports whether doc holds tok at j after whitespace, and returns
+// the offset past it (ok false: the offset is meaningless).
+func token(doc []byte, j int, tok string) (int, bool) {
+	j = skipSpace(doc, j)
+	return j + len(tok), j+len(tok) <= len(doc) && string(doc[j:j+len(tok)]) == tok
+}
+
 // writeHead writes a message's start and role (a string, else the message
 // is malformed).
 func (h *Hasher) writeHead(doc []byte, role span) error {
@@ -563,7 +618,7 @@ func (h *Hasher) writeContent(doc []byte, i int) (int, error) {
 // as its text, any other as opaque bytes.
 func (h *Hasher) writePart(doc []byte, i int) (int, error) {
 	typ, text := absent, absent
-	it := newMembers(doc, i)
+	it := newMembers(doc, i, &h.partKeys)
 	for key, _, ok := it.next(); ok; key, _, ok = it.next() {
 		v, ok := it.value()
 		if !ok {

@@ -131,20 +131,26 @@ func skipValue(doc []byte, i int) (int, error) {
 }
 
 // members iterates over the members of the object at doc[i] == '{'
-// (newMembers). next returns each key (decoded when short and escaped; a
-// longer key is passed raw: no field of interest is that long) and where
-// its value starts; the caller then either calls value, or consumes the
-// value itself and calls consumed with the offset past it. After the loop,
-// err is the first problem, or end is the offset past the object.
+// (newMembers). next returns each key (decoded into kbuf when short and
+// escaped; a longer key is passed raw: no field of interest is that long)
+// and where its value starts; the caller then either calls value, or
+// consumes the value itself and calls consumed with the offset past it.
+// After the loop, err is the first problem, or end is the offset past the
+// object. The key buffer is the caller's (the Hasher's): an iterator is
+// made per message and per content part, and in a Wasm guest clearing
+// and copying a buffer inside it cost more than the rest of a short
+// message's rendering.
 type members struct {
 	doc  []byte
 	i    int
 	end  int
 	err  error
-	kbuf [64]byte
+	kbuf *[64]byte
 }
 
-func newMembers(doc []byte, i int) members { return members{doc: doc, i: i + 1} }
+func newMembers(doc []byte, i int, kbuf *[64]byte) members {
+	return members{doc: doc, i: i + 1, kbuf: kbuf}
+}
 
 func (m *members) next() (key []byte, start int, ok bool) {
 	doc := m.doc
@@ -166,14 +172,20 @@ func (m *members) next() (key []byte, start int, ok bool) {
 			m.err = ErrMessageShape
 			return nil, 0, false
 		}
-		kend, err := skipString(doc, m.i)
-		if err != nil {
-			m.err = err
-			return nil, 0, false
-		}
-		key = doc[m.i+1 : kend-1]
-		if dec, ok := decodeSmall(doc[m.i:kend], m.kbuf[:0]); ok {
-			key = dec
+		// A key without escapes (nearly all) ends at the first quote.
+		kend := plainRun(doc, m.i+1)
+		if kend < len(doc) && doc[kend] == '"' {
+			key, kend = doc[m.i+1:kend], kend+1
+		} else {
+			var err error
+			if kend, err = skipString(doc, m.i); err != nil {
+				m.err = err
+				return nil, 0, false
+			}
+			key = doc[m.i+1 : kend-1]
+			if dec, ok := decodeSmall(doc[m.i:kend], m.kbuf[:0]); ok {
+				key = dec
+			}
 		}
 		i := skipSpace(doc, kend)
 		if i >= len(doc) || doc[i] != ':' {
@@ -244,6 +256,12 @@ func (h *Hasher) writeString(doc []byte, i int) (int, error) {
 		return end, err
 	}
 	i++
+	// A short plain string (a role, a name, most keys' values) is one
+	// scan and one write; plainBlocks is for the long ones.
+	if j := plainRun(doc[:min(len(doc), i+64)], i); j < len(doc) && doc[j] == '"' {
+		h.Write(doc[i:j])
+		return j + 1, nil
+	}
 	var esc [utf8.UTFMax]byte
 	for {
 		if h.cfg.BlockBytes == 64 {
