@@ -51,6 +51,11 @@ type PolicySpec struct {
 	// admissions to itself (FlowLocalAdmission).
 	Flow      *flowcontrol.Config
 	FlowLocal bool
+	// IgnoresPrompt: the policy never reads View.Request.Prompt, so a run
+	// need not draw the unique token ids of Scenario.UniquePrompts for it
+	// (the scheduler's profiles without prefix plugins, Envoy's
+	// least-request).
+	IgnoresPrompt bool
 }
 
 // Policy names offered besides the scheduler's built-in profiles.
@@ -114,7 +119,7 @@ func (o PolicyOptions) apply(cfg scheduler.Config) scheduler.Config {
 
 func policyByName(name string, opts PolicyOptions) (PolicySpec, error) {
 	if name == EnvoyLeastRequest {
-		return PolicySpec{Name: name, New: func(seed uint64, _ func() time.Time) (Policy, error) {
+		return PolicySpec{Name: name, IgnoresPrompt: true, New: func(seed uint64, _ func() time.Time) (Policy, error) {
 			return NewEnvoyLeastRequest(rand.NewPCG(seed, 0xe1e5), 2), nil
 		}}, nil
 	}
@@ -185,7 +190,10 @@ func SchedulerPolicySpec(name string, cfg scheduler.Config) PolicySpec {
 // schedulerPolicySpec is SchedulerPolicySpec with the scheduler's
 // Options.IndexMinEndpoints (0: its default).
 func schedulerPolicySpec(name string, cfg scheduler.Config, indexMinEndpoints int) PolicySpec {
-	return PolicySpec{Name: name, CountsRouted: cfg.CountsRoutedSinceSnapshot(), New: func(seed uint64, clock func() time.Time) (Policy, error) {
+	// A scheduler policy reads the scheduler.Request and the snapshot
+	// only (prefix plugins come as PrefixPolicySpec, which hashes the
+	// prompt).
+	return PolicySpec{Name: name, CountsRouted: cfg.CountsRoutedSinceSnapshot(), IgnoresPrompt: true, New: func(seed uint64, clock func() time.Time) (Policy, error) {
 		s, err := scheduler.New(cfg, scheduler.NewRegistry(), scheduler.Options{
 			Rand:              rand.NewPCG(seed, 0x5c4e),
 			Now:               clock,

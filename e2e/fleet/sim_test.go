@@ -257,3 +257,52 @@ func TestMaxDrainBoundsARun(t *testing.T) {
 	require.Error(t, err)
 	assert.Contains(t, err.Error(), "still running")
 }
+
+// promptWatcher records whether its policy was shown token ids.
+type promptWatcher struct {
+	Policy
+	sawIDs *bool
+}
+
+func (p promptWatcher) Route(req *scheduler.Request, v *View) (int, scheduler.Outcome) {
+	*p.sawIDs = *p.sawIDs || v.Request.Prompt != nil
+	return p.Policy.Route(req, v)
+}
+
+// TestPoliciesIgnoringPromptsGetTheSameResults checks IgnoresPrompt: a
+// policy marked so routes unique prompts exactly as when their ids are
+// drawn (it never reads them), and the others are shown the ids.
+func TestPoliciesIgnoringPromptsGetTheSameResults(t *testing.T) {
+	sc := smallScenario()
+	sc.UniquePrompts = true
+	ignoring := 0
+	for _, spec := range append(DefaultPolicies(), PrefixPolicies()...) {
+		t.Run(spec.Name, func(t *testing.T) {
+			run := func(ignores bool) (Result, bool) {
+				s := spec
+				s.IgnoresPrompt = ignores
+				var saw bool
+				s.New = func(seed uint64, clock func() time.Time) (Policy, error) {
+					p, err := spec.New(seed, clock)
+					return promptWatcher{p, &saw}, err
+				}
+				r, err := Run(RunConfig{Scenario: sc, Policy: s, Rate: 60, Seed: 3,
+					Window: 20 * time.Second, ScrapeInterval: DefaultScrapeInterval})
+				require.NoError(t, err)
+				return r, saw
+			}
+			if !spec.IgnoresPrompt {
+				_, saw := run(false)
+				require.True(t, saw, "a policy that may read token ids is shown them")
+				return
+			}
+			ignoring++
+			withIDs, saw := run(false)
+			require.True(t, saw)
+			without, saw := run(true)
+			require.False(t, saw, "no ids drawn")
+			require.Equal(t, withIDs, without)
+		})
+	}
+	require.GreaterOrEqual(t, ignoring, 6, "the scheduler's profiles and Envoy's least-request")
+}

@@ -64,6 +64,14 @@ const never = time.Duration(math.MaxInt64)
 // plus the burst stream when cfg.Burst is on.
 func newRunSource(cfg RunConfig, sc Scenario) (source, error) {
 	t := sc.traffic()
+	if g, ok := t.(shareGPT); ok && g.unique && cfg.Policy.IgnoresPrompt {
+		// Unique ids are for the policies (the replicas serve such
+		// prompts without them, runOnce), and this one never reads
+		// them: drawing them cost scenario (a) a fifth of its
+		// instructions.
+		g.unique = false
+		t = g
+	}
 	base, err := t.newSource(cfg.Rate, cfg.Seed)
 	if err != nil || !cfg.Burst.On() {
 		return base, err
