@@ -225,8 +225,13 @@ func readSegment(b []byte, index int, lim *Limits, s *Segment, known []uint32) *
 		if _, err := checkHeader(blk, lim, inStorage, "segment.blocks", i, off); err != nil {
 			return err
 		}
-		s.Info[i] = info(blk) // the header is checked now: the id is string 0
-		id := s.Info[i].ID
+		// The header is checked now: the id is string 0 (walkSegment read
+		// the rest of what info would).
+		bi := &s.Info[i]
+		lens := blockHeaderBytes + bi.Len*recordBytes + 2*bi.Refs
+		at := lens + bi.Strings
+		bi.ID = blk[at : at+int(blk[lens])]
+		id := bi.ID
 		if !hasIdentity(known, s.Info[i].Identity) {
 			if SegmentOf(id) != index {
 				return errf(ErrInvalidField, "segment.blocks["+strconv.Itoa(i)+"]", off, "agent "+strconv.Quote(string(id))+" belongs in segment "+strconv.Itoa(SegmentOf(id)))
