@@ -378,7 +378,14 @@ func (x *Index) Lookup(blocks []uint64, m *Match) {
 				continue
 			}
 			n--
-			if binary.LittleEndian.Uint64(ent) == h {
+			if binary.LittleEndian.Uint64(ent) != h {
+				continue
+			}
+			// Positions only deepen: the endpoint matched last (usually
+			// the only one) takes p+1 with no search and no call.
+			if k := len(m.keys) - 1; k >= 0 && k < len(m.blocks) && m.keys[k] == ep {
+				m.blocks[k] = p + 1
+			} else {
 				m.set(ep, p+1)
 			}
 		}
