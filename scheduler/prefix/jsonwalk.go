@@ -28,12 +28,7 @@ func skipSpace(doc []byte, i int) int {
 // quoteOrBackslash is non-zero when one of the eight bytes of x
 // (little-endian) is '"' or '\\' (the "has zero byte" trick; it may flag
 // bytes after a real one, which only sends that word to the byte loop).
-func quoteOrBackslash(x uint64) uint64 {
-	const ones, highs = 0x0101010101010101, 0x8080808080808080
-	q := x ^ (ones * '"')
-	b := x ^ (ones * '\\')
-	return ((q-ones)&^q | (b-ones)&^b) & highs
-}
+func quoteOrBackslash(x uint64) uint64 { return specialWord(x) & 0x8080808080808080 }
 
 // specialWord is quoteOrBackslash before its mask: the high bit of each
 // byte of the result, and only that bit, says the byte may be a quote or
