@@ -360,16 +360,6 @@ func blockError(kind error, where string, idx, ep int, field string, off int, de
 	return errf(kind, w, off, detail)
 }
 
-// checkShape validates everything needed to read the block at the start
-// of b safely (checkHeader, then checkRecords) and returns its length.
-func checkShape(b []byte, lim *Limits, role blockRole, where string, idx, base int) (int, *Error) {
-	n, err := checkHeader(b, lim, role, where, idx, base)
-	if err != nil {
-		return 0, err
-	}
-	return n, checkRecords(Block(b[:n]), lim, where, idx, base)
-}
-
 // checkHeader validates the block header and the layout it announces:
 // sizes add up, the string lengths add up, the agent id is not empty. A
 // reader may then walk the block; checkRecords makes its indexes and

@@ -67,7 +67,7 @@ func (d *PushDecoder) Decode(push []byte, lim Limits) (*PushView, error) {
 }
 
 // decode checks push; without deep, the blocks are only shape-checked
-// (checkShape) and the caller must deep-check each before trusting its
+// (checkHeader, then checkRecords) and the caller must deep-check each before trusting its
 // strings (the receiver skips blocks whose identity it stored already).
 func (d *PushDecoder) decode(push []byte, limp *Limits, deep bool) (*PushView, error) {
 	lim := *limp
@@ -156,7 +156,7 @@ func (d *PushDecoder) decodeV2(push []byte, lim *Limits, deep bool) (*PushView, 
 	d.blocks = d.blocks[:0]
 	var prevID []byte
 	for i := 0; i < nb; i++ {
-		// checkShape, spelled out: in the guest every call counts
+		// The header, then the records (in the guest every call counts).
 		size, err := checkHeader(push[off:], lim, inPush, "push.blocks", i, off)
 		if err != nil {
 			return nil, err
