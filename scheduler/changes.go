@@ -30,21 +30,7 @@ var snapshotIDs atomic.Uint64
 // (new values, or new adapter lists; same endpoint at the same position).
 // A Scheduler that indexes the snapshot re-reads that endpoint at its next
 // decision. An i outside Endpoints counts as Changed.
-func (s *Snapshot) MetricsChanged(i int) {
-	l := &s.changes
-	if atomic.LoadUint64(&l.id) == 0 {
-		return // not indexed yet: nothing to tell
-	}
-	if i < 0 || i >= len(s.Endpoints) {
-		s.Changed()
-		return
-	}
-	if l.ring == nil {
-		l.ring = make([]int32, max(minChangeRing, len(s.Endpoints)/4))
-	}
-	l.gen++
-	l.ring[l.gen%uint64(len(l.ring))] = int32(i)
-}
+func (s *Snapshot) MetricsChanged(i int) { s.MetricsChangedRange(i, i+1) }
 
 // MetricsChangedRange is MetricsChanged(i) for every i in [from, to): one
 // call for a run of endpoints rewritten together (a block an agent sent
@@ -52,7 +38,7 @@ func (s *Snapshot) MetricsChanged(i int) {
 func (s *Snapshot) MetricsChangedRange(from, to int) {
 	l := &s.changes
 	if atomic.LoadUint64(&l.id) == 0 || from >= to {
-		return
+		return // not indexed yet: nothing to tell
 	}
 	if from < 0 || to > len(s.Endpoints) {
 		s.Changed()
