@@ -309,7 +309,7 @@ func (p *ConfigPublisher) Publish(ctx context.Context, targets []string, now tim
 		st := p.targets[t]
 		var due bool
 		switch {
-		case st == nil || len(st.payload) != len(payload) || &st.payload[0] != &payload[0]:
+		case st == nil || len(st.payload) != len(payload) || len(payload) > 0 && &st.payload[0] != &payload[0]:
 			due = true // new target, or a new record
 		case !ok:
 			due = now.Sub(st.at) >= p.Resend // the target does not say what it holds
