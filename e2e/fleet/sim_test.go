@@ -265,7 +265,7 @@ type promptWatcher struct {
 }
 
 func (p promptWatcher) Route(req *scheduler.Request, v *View) (int, scheduler.Outcome) {
-	*p.sawIDs = *p.sawIDs || v.Request.Prompt != nil
+	*p.sawIDs = *p.sawIDs || (v.Request != nil && v.Request.Prompt != nil)
 	return p.Policy.Route(req, v)
 }
 

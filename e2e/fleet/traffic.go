@@ -63,15 +63,14 @@ const never = time.Duration(math.MaxInt64)
 // newRunSource is the run's stream: the scenario's traffic at cfg.Rate,
 // plus the burst stream when cfg.Burst is on.
 func newRunSource(cfg RunConfig, sc Scenario) (source, error) {
-	t := sc.traffic()
-	if g, ok := t.(shareGPT); ok && g.unique && cfg.Policy.IgnoresPrompt {
+	if cfg.Policy.IgnoresPrompt {
 		// Unique ids are for the policies (the replicas serve such
 		// prompts without them, runOnce), and this one never reads
 		// them: drawing them cost scenario (a) a fifth of its
 		// instructions.
-		g.unique = false
-		t = g
+		sc.UniquePrompts = false
 	}
+	t := sc.traffic()
 	base, err := t.newSource(cfg.Rate, cfg.Seed)
 	if err != nil || !cfg.Burst.On() {
 		return base, err
