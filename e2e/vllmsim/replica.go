@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"math"
 	"slices"
-	"sort"
 	"strings"
 	"time"
 )
@@ -769,12 +768,11 @@ func (r *Replica) AdapterRequests(name string) (running, waiting int) {
 // ResidentAdapters lists the adapters loaded in GPU slots, sorted.
 func (r *Replica) ResidentAdapters() []string {
 	var names []string
-	for i := 1; i < len(r.adapters); i++ {
-		if r.adapters[i].resident {
-			names = append(names, r.adapters[i].name)
+	for _, id := range r.byName {
+		if r.adapters[id].resident {
+			names = append(names, r.adapters[id].name)
 		}
 	}
-	sort.Strings(names)
 	return names
 }
 
