@@ -293,13 +293,9 @@ func resize[T any](s []T, n int) []T {
 // update re-reads endpoint i after a change.
 func (x *snapIndex) update(e *Endpoint, i int) {
 	m := &e.Metrics
-	if m.WaitingQueueSize != x.w[i] || m.RunningQueueSize != x.r[i] || indexedKV(e) != x.kv[i] ||
-		x.flags[i]&flagFree != freeFlag(m) || !sameAdapters(m, x.ads[i]) {
-		x.reload(e, i)
-		x.updates++
-		return
-	}
-	if t := m.UpdateTime; !t.Equal(x.upd[i]) && !x.retime(t, i) {
+	valuesMoved := m.WaitingQueueSize != x.w[i] || m.RunningQueueSize != x.r[i] || indexedKV(e) != x.kv[i] ||
+		x.flags[i]&flagFree != freeFlag(m) || !sameAdapters(m, x.ads[i])
+	if valuesMoved || !m.UpdateTime.Equal(x.upd[i]) && !x.retime(m.UpdateTime, i) {
 		x.reload(e, i)
 		x.updates++
 	}
