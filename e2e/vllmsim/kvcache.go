@@ -46,9 +46,14 @@ import "math/bits"
 // benchmark's ShareGPT scenarios thus pay no work per block
 // (BENCHMARKS.md, "Replica-model speed work, third round").
 type blockPool struct {
+	// blocks are the records, in chunks of chunkRecords: a request takes
+	// the records of its blocks from a chunk of its own (recordCursor).
 	blocks []kvBlock
-	// spare lists the records that hold no block.
-	spare []int32
+	// chunkUse counts, per chunk, its live records (in use or holding a
+	// hash) plus one while it is a request's current chunk; freeChunks
+	// lists the chunks whose count is 0, the last freed on top.
+	chunkUse   []int32
+	freeChunks []int32
 	// anonymous counts the free blocks that sit at the head of the free
 	// queue without a hash: vLLM's prepended blocks and the pool's initial
 	// ones, which all come before any block with a hash.
@@ -103,16 +108,85 @@ func newBlockPool(n int, caching bool) blockPool {
 	for size < 2*n {
 		size *= 2
 	}
-	p := blockPool{blocks: make([]kvBlock, n), spare: make([]int32, n), fifo: make([]int32, size),
+	// The records start empty and grow a chunk at a time; a quarter more
+	// than the blocks covers the chunks that requests hold partly used.
+	p := blockPool{blocks: make([]kvBlock, 0, n+n/4+chunkRecords), fifo: make([]int32, size),
 		fifoMask: uint64(size - 1), caching: caching, anonymous: n, free: n}
 	if caching {
 		p.byHash = newHashIndex(n, p.blocks)
 	}
-	for i := range p.blocks {
-		p.blocks[i].link = noBlock
-		p.spare[i] = int32(n - 1 - i)
-	}
 	return p
+}
+
+// Records by owner. Which record holds which block is the simulator's
+// choice: vLLM's block ids are never observable, only hashes, counts and
+// the free queue's order. So a request takes the records of its new blocks
+// in order from a chunk of chunkRecords neighbouring records of its own
+// (recordCursor), instead of reusing the record of the block it evicts: a
+// table's records are then neighbours in memory, and the passes over a
+// table (caching its blocks, freeing them tail first, evicting them in the
+// free queue's order, which for one request is its table's order reversed)
+// read a few cache lines a chunk, in an order the hardware prefetches,
+// instead of a line a block. A chunk returns to the free list when its last
+// record dies (evicted, or freed without a hash) and no request takes from
+// it; the last freed is reused first, so a chunk emptied by an allocation's
+// evictions is still in cache when that allocation takes it. At most one
+// chunk per running request is partly unused, so the records stay within
+// chunkRecords × (blocks + running requests), and near the block count in
+// practice (BENCHMARKS.md, "Replica-model speed work, fourth round").
+
+// chunkRecords is how many neighbouring records a request takes at once.
+const chunkRecords = 16
+
+// recordCursor is a request's current chunk: the records next..end-1 are
+// its to take; end is 0 when it has none.
+type recordCursor struct{ next, end int32 }
+
+// newRecord takes the next record of cur's chunk, taking a new chunk when
+// it is used up; the record is clean (no hash, no link) and its count is
+// set to 1.
+func (p *blockPool) newRecord(cur *recordCursor) int32 {
+	if cur.next == cur.end {
+		p.dropCursor(cur)
+		var c int32
+		if l := len(p.freeChunks); l > 0 {
+			c = p.freeChunks[l-1]
+			p.freeChunks = p.freeChunks[:l-1]
+		} else {
+			c = int32(len(p.chunkUse))
+			p.chunkUse = append(p.chunkUse, 0)
+			for range chunkRecords {
+				p.blocks = append(p.blocks, kvBlock{link: noBlock})
+			}
+			p.byHash.blocks = p.blocks
+		}
+		p.chunkUse[c] = 1 // cur holds it
+		cur.next, cur.end = c*chunkRecords, (c+1)*chunkRecords
+	}
+	b := cur.next
+	cur.next++
+	p.chunkUse[b/chunkRecords]++
+	p.blocks[b].ref = 1
+	return b
+}
+
+// dropCursor lets go of cur's chunk (a request freeing its blocks).
+func (p *blockPool) dropCursor(cur *recordCursor) {
+	if cur.end != 0 {
+		p.unuseChunk((cur.end - 1) / chunkRecords)
+	}
+	*cur = recordCursor{}
+}
+
+// killRecord returns record b, which holds no block any more (no count, no
+// hash, no link), to its chunk.
+func (p *blockPool) killRecord(b int32) { p.unuseChunk(b / chunkRecords) }
+
+func (p *blockPool) unuseChunk(c int32) {
+	p.chunkUse[c]--
+	if p.chunkUse[c] == 0 {
+		p.freeChunks = append(p.freeChunks, c)
+	}
 }
 
 // The free queue as a count and a FIFO with holes: the queue of vLLM's
@@ -237,10 +311,10 @@ func (p *blockPool) touch(list []int32) {
 }
 
 // allocate appends n blocks from the head of the free queue to dst,
-// evicting the cached ones: records, or for a table that only counts its
-// blocks (anonymous, a request without token ids) noBlock. The caller has
-// checked n <= p.free.
-func (p *blockPool) allocate(n int, dst []int32, anonymous bool) []int32 {
+// evicting the cached ones: records taken from cur, or for a table that
+// only counts its blocks (anonymous, a request without token ids, cur nil)
+// noBlock. The caller has checked n <= p.free.
+func (p *blockPool) allocate(n int, dst []int32, cur *recordCursor) []int32 {
 	start := len(dst)
 	for range n {
 		dst = append(dst, p.popFront())
@@ -255,23 +329,18 @@ func (p *blockPool) allocate(n int, dst []int32, anonymous bool) []int32 {
 			hashes |= p.blocks[b].hash
 		}
 	}
-	for i, b := range taken {
+	for _, b := range taken {
 		if hashes != 0 && b != noBlock {
 			p.evict(b) // the queue's records all have a hash
+			p.killRecord(b)
 		}
-		if anonymous {
-			if b != noBlock {
-				p.spare = append(p.spare, b)
-				taken[i] = noBlock
-			}
-			continue
+	}
+	// The evicted records are gone; the new blocks get the owner's.
+	for i := range taken {
+		taken[i] = noBlock
+		if cur != nil {
+			taken[i] = p.newRecord(cur)
 		}
-		if b == noBlock {
-			b = p.spare[len(p.spare)-1]
-			p.spare = p.spare[:len(p.spare)-1]
-			taken[i] = b
-		}
-		p.blocks[b].ref = 1
 	}
 	return dst
 }
@@ -328,7 +397,7 @@ func (p *blockPool) release(table []int32) {
 			p.pushBack(b)
 		} else {
 			p.anonymous++
-			p.spare = append(p.spare, b)
+			p.killRecord(b)
 		}
 	}
 }

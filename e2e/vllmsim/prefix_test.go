@@ -33,9 +33,10 @@ func promptRequest(prompt []uint32, out int) *Request {
 
 // checkPool verifies the block pool's invariants against the replica's
 // requests: the free queue holds exactly the records with no reference and
-// a hash, the spare records have neither, the references are the running
-// requests' block tables, every block is in use, free or counted once, and
-// the cache maps exactly the hashed records.
+// a hash, the references are the running requests' block tables, every
+// block is in use, free or counted once, the cache maps exactly the hashed
+// records, and each chunk of records counts its live records and the
+// request taking from it.
 func checkPool(t *testing.T, r *Replica) {
 	t.Helper()
 	p := &r.pool
@@ -57,14 +58,14 @@ func checkPool(t *testing.T, r *Replica) {
 		free++
 	}
 	require.Equal(t, p.free, free)
-	spare := make([]bool, len(p.blocks))
-	for _, b := range p.spare {
-		require.False(t, spare[b], "record %d twice spare", b)
-		spare[b] = true
-	}
 	refs := make([]int32, len(p.blocks))
 	inUse := 0
+	use := make([]int32, len(p.chunkUse))
 	for _, s := range r.running {
+		if s.records.end != 0 {
+			require.Less(t, s.records.next, s.records.end+1)
+			use[(s.records.end-1)/chunkRecords]++
+		}
 		for _, b := range s.table {
 			if s.salt != 0 {
 				require.Equal(t, noBlock, b, "a request without token ids holds no record")
@@ -88,7 +89,11 @@ func checkPool(t *testing.T, r *Replica) {
 		blk := &p.blocks[b]
 		require.Equal(t, refs[b], blk.ref, "block %d", b)
 		require.Equal(t, blk.ref == 0 && blk.hash != 0, queued[b], "block %d", b)
-		require.Equal(t, blk.ref == 0 && blk.hash == 0, spare[b], "block %d", b)
+		if blk.ref != 0 || blk.hash != 0 {
+			use[b/chunkRecords]++
+		} else {
+			require.Equal(t, noBlock, blk.link, "a dead record %d has no link", b)
+		}
 		if blk.hash != 0 {
 			hashed++
 			found := false
@@ -99,6 +104,15 @@ func checkPool(t *testing.T, r *Replica) {
 		}
 	}
 	require.Equal(t, p.hashed, hashed)
+	require.Equal(t, use, append([]int32{}, p.chunkUse...), "chunks count their live records and holders")
+	freeChunk := make([]bool, len(p.chunkUse))
+	for _, c := range p.freeChunks {
+		require.False(t, freeChunk[c], "chunk %d twice free", c)
+		freeChunk[c] = true
+	}
+	for c, n := range p.chunkUse {
+		require.Equal(t, n == 0, freeChunk[c], "chunk %d is free when unused", c)
+	}
 }
 
 // freeQueue lists the pool's FIFO from its head: its records and its runs
@@ -523,6 +537,7 @@ func TestFreeQueueIsVLLMsQueue(t *testing.T) {
 	type entry struct {
 		block, run, index int32
 		salt              uint64 // the counted request's
+		hash              uint64 // a record's
 	}
 	anon := entry{block: noBlock, run: noRun}
 	list := []entry{}
@@ -538,9 +553,17 @@ func TestFreeQueueIsVLLMsQueue(t *testing.T) {
 	for i := range owners {
 		owners[i] = counted{salt: uint64(2*i + 1), run: noRun}
 	}
-	var tables [][]int32
+	// A table of records and the chunk its new blocks came from (nil for
+	// a table of hits).
+	type held struct {
+		table []int32
+		cur   *recordCursor
+	}
+	var tables []held
 	nextHash := uint64(1)
 	compactions, lastTail := 0, p.fifoTail
+	maxRecords := 0
+	homeOf := func(h uint64) uint32 { return uint32(h>>32) & p.byHash.mask }
 	runHits, runEvictions := 0, 0
 	take := func(k int) []entry {
 		head := append([]entry(nil), list[:k]...)
@@ -559,19 +582,23 @@ func TestFreeQueueIsVLLMsQueue(t *testing.T) {
 		case op == 0 && p.free > 0:
 			k := 1 + rng.IntN(min(p.free, 12))
 			head := take(k)
-			table := p.allocate(k, nil, false)
-			for i, e := range head {
+			cur := &recordCursor{}
+			table := p.allocate(k, nil, cur)
+			for _, e := range head {
 				if e.block >= 0 {
-					require.Equal(t, e.block, table[i], "step %d: allocation takes the head", step)
+					require.Equal(t, noBlock, p.byHash.get(e.hash, homeOf(e.hash)), "step %d: allocation evicts the head", step)
 				}
-				require.Zero(t, p.blocks[table[i]].hash, "step %d: a new block has no hash", step)
+			}
+			for _, b := range table {
+				require.Zero(t, p.blocks[b].hash, "step %d: a new block has no hash", step)
+				require.Equal(t, int32(1), p.blocks[b].ref, "step %d: a new block is in use", step)
 			}
 			// Some full blocks get a hash (and are cached).
 			for _, b := range table[:rng.IntN(k+1)] {
 				nextHash += 2
-				p.cache(b, nextHash, uint32(nextHash>>32)&p.byHash.mask)
+				p.cache(b, nextHash, homeOf(nextHash))
 			}
-			tables = append(tables, table)
+			tables = append(tables, held{table, cur})
 		case op == 1 && p.free > 0:
 			// A counted request starts, resuming on the blocks it finds.
 			o := &owners[rng.IntN(len(owners))]
@@ -602,7 +629,7 @@ func TestFreeQueueIsVLLMsQueue(t *testing.T) {
 			runHits += hit
 			k := min(p.free, rng.IntN(8))
 			take(k)
-			for _, b := range p.allocate(k, nil, true) {
+			for _, b := range p.allocate(k, nil, nil) {
 				require.Equal(t, noBlock, b)
 			}
 			o.blocks = hit + k
@@ -626,14 +653,17 @@ func TestFreeQueueIsVLLMsQueue(t *testing.T) {
 			o.blocks = 0
 		case op <= 5 && len(tables) > 0:
 			i := rng.IntN(len(tables))
-			table := tables[i]
-			tables = append(tables[:i], tables[i+1:]...)
+			table := tables[i].table
 			p.release(table)
+			if tables[i].cur != nil {
+				p.dropCursor(tables[i].cur)
+			}
+			tables = append(tables[:i], tables[i+1:]...)
 			var front []entry
 			for j := len(table) - 1; j >= 0; j-- {
 				if b := table[j]; p.blocks[b].ref == 0 {
 					if p.blocks[b].hash != 0 {
-						list = append(list, entry{block: b, run: noRun})
+						list = append(list, entry{block: b, run: noRun, hash: p.blocks[b].hash})
 					} else {
 						front = append(front, anon)
 					}
@@ -643,7 +673,7 @@ func TestFreeQueueIsVLLMsQueue(t *testing.T) {
 		case op >= 6:
 			// A hit on free cached blocks (and on some in use).
 			var hit []int32
-			for b := range int32(n) {
+			for b := range int32(len(p.blocks)) {
 				if p.blocks[b].hash != 0 && rng.IntN(3) == 0 {
 					hit = append(hit, b)
 				}
@@ -659,7 +689,7 @@ func TestFreeQueueIsVLLMsQueue(t *testing.T) {
 				}
 			}
 			p.touch(hit)
-			tables = append(tables, hit)
+			tables = append(tables, held{table: hit})
 		}
 		if p.fifoTail < lastTail {
 			compactions++
@@ -672,7 +702,7 @@ func TestFreeQueueIsVLLMsQueue(t *testing.T) {
 		}
 		for _, e := range freeQueue(&p) {
 			if e >= 0 {
-				got = append(got, entry{block: e, run: noRun})
+				got = append(got, entry{block: e, run: noRun, hash: p.blocks[e].hash})
 				continue
 			}
 			for range p.runs[-2-e].left {
@@ -681,7 +711,7 @@ func TestFreeQueueIsVLLMsQueue(t *testing.T) {
 		}
 		want := make([]entry, len(list))
 		for i, e := range list {
-			want[i] = entry{block: e.block, run: e.run, salt: e.salt}
+			want[i] = entry{block: e.block, run: e.run, salt: e.salt, hash: e.hash}
 		}
 		require.Equal(t, want, got, "step %d", step)
 		hashed := 0
@@ -701,7 +731,22 @@ func TestFreeQueueIsVLLMsQueue(t *testing.T) {
 			}
 		}
 		require.Equal(t, hashed, p.hashed, "step %d", step)
+		// Records: a chunk counts its live records and its holder.
+		use := make([]int32, len(p.chunkUse))
+		for b, blk := range p.blocks {
+			if blk.ref != 0 || blk.hash != 0 {
+				use[b/chunkRecords]++
+			}
+		}
+		for _, h := range tables {
+			if h.cur != nil && h.cur.end != 0 {
+				use[(h.cur.end-1)/chunkRecords]++
+			}
+		}
+		require.Equal(t, use, append([]int32{}, p.chunkUse...), "step %d", step)
+		maxRecords = max(maxRecords, len(p.blocks))
 	}
+	t.Logf("at most %d records for %d blocks", maxRecords, n)
 	require.Positive(t, compactions, "the FIFO filled with holes and was compacted")
 	require.Positive(t, runHits, "counted requests resumed on their blocks")
 	require.Positive(t, runEvictions, "counted requests' blocks were evicted")

@@ -234,6 +234,8 @@ type Request struct {
 	taggedBlocks int
 	salt         uint64 // nonzero: a prompt without token ids (Prompt nil)
 	table        []int32
+	// records is the chunk of the pool's records its new blocks take.
+	records recordCursor
 	// hashes[i] is the hash of full block i of the request's tokens (prompt
 	// then generated), computed as tokens arrive (request_block_hasher).
 	hashes    []uint64
@@ -813,7 +815,7 @@ func (r *Replica) startStep(now time.Duration) {
 			break // s preempted itself: nothing more can run
 		}
 		if need > 0 {
-			r.setTable(s, r.pool.allocate(need, s.table, s.salt != 0))
+			r.setTable(s, r.pool.allocate(need, s.table, r.cursorOf(s)))
 		}
 		if end >= int(s.cacheAt) {
 			r.cacheFullBlocks(s, end)
@@ -865,7 +867,7 @@ func (r *Replica) startStep(now time.Duration) {
 			} else {
 				r.pool.touch(hit)
 			}
-			r.setTable(s, r.pool.allocate(newBlocks, append(s.table[:0], hit...), s.salt != 0))
+			r.setTable(s, r.pool.allocate(newBlocks, append(s.table[:0], hit...), r.cursorOf(s)))
 			s.computed = int32(computed)
 			s.taggedBlocks = len(hit)
 			if r.cfg.EnablePrefixCaching {
@@ -935,6 +937,15 @@ func (r *Replica) setCachedBlocks(s *Request, n int) {
 	if r.cfg.EnablePrefixCaching {
 		s.cacheAt = int32((n + 1) * r.blockTokens)
 	}
+}
+
+// cursorOf is where s takes the records of its new blocks: nil for a
+// request without token ids, whose table only counts its blocks.
+func (r *Replica) cursorOf(s *Request) *recordCursor {
+	if s.salt != 0 {
+		return nil
+	}
+	return &s.records
 }
 
 // setTable sets the block table of a request taking blocks.
@@ -1024,6 +1035,7 @@ func (r *Replica) releaseRunning(s *Request) {
 		s.taggedBlocks = 0
 	} else {
 		r.pool.release(s.table)
+		r.pool.dropCursor(&s.records)
 	}
 	s.table = s.table[:0]
 	s.tableTokens = 0
