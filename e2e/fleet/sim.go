@@ -522,7 +522,7 @@ func runOnce(cfg RunConfig, into *samples) (Result, error) {
 		if cfg.RecordOutcomes {
 			res.Outcomes[f.req.ID] = o
 		}
-		f.req.Prompt = nil
+		f.req.Prompt, f.req.Hashes = nil, nil
 		if f.turn != nil {
 			f.turn.ended(now, false)
 		}
@@ -626,7 +626,7 @@ func runOnce(cfg RunConfig, into *samples) (Result, error) {
 			gen.take(&next)
 			f, id := store.add()
 			f.req = vllmsim.Request{ID: id, Adapter: next.adapter, PromptTokens: next.promptTokens, OutputTokens: next.outputTokens,
-				Prompt: next.prompt, OutputSeed: next.outputSeed}
+				Prompt: next.prompt, OutputSeed: next.outputSeed, Hashes: next.hashes}
 			f.turn = next.turn
 			f.measured = at >= winStart && at < winEnd
 			f.crit = sc.Criticality.pick(critRand.Float64())

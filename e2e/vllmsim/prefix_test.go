@@ -752,3 +752,55 @@ func TestFreeQueueIsVLLMsQueue(t *testing.T) {
 	require.Positive(t, runEvictions, "counted requests' blocks were evicted")
 	t.Logf("%d compactions, %d blocks hit and %d evicted from runs", compactions, runHits, runEvictions)
 }
+
+// TestPromptHashesAreTheHashesOfThePrompt runs a conversation of turns,
+// each resending the history and the response, with a PromptHashes on two
+// replicas of different block sizes and adapters, and checks that every
+// turn gets the block hashes a request without it computes, and the same
+// cached tokens.
+func TestPromptHashesAreTheHashesOfThePrompt(t *testing.T) {
+	rng := rand.New(rand.NewPCG(8, 9))
+	small := newTestReplica(t, func(c *ReplicaConfig) { c.MaxLoRAs = 2 })
+	big := newTestReplica(t, func(c *ReplicaConfig) { c.BlockSize, c.MaxLoRAs = 32, 2 })
+	var memo PromptHashes
+	var history []uint32
+	for turn := range 12 {
+		history = append(history, tokens(uint32(1000*turn), 1+rng.IntN(70))...)
+		r := small
+		if turn%4 == 3 {
+			r = big // another block size: the memo starts again
+		}
+		adapter := ""
+		if turn >= 8 {
+			adapter = "a" // another adapter: the memo starts again
+		}
+		with := &Request{PromptTokens: len(history), Prompt: history, OutputTokens: 1 + rng.IntN(60), OutputSeed: uint64(turn), Adapter: adapter, Hashes: &memo}
+		if turn%2 == 0 {
+			// The oracle's look before Submit uses the memo too.
+			r.CachedPrefixTokens(with)
+		}
+		require.NoError(t, r.Submit(with, r.Now()))
+		want := &Request{PromptTokens: len(history), Prompt: history, OutputTokens: with.OutputTokens, Adapter: adapter}
+		r.prepareHashes(want)
+		require.Equal(t, want.hashes, with.hashes, "turn %d", turn)
+		require.Equal(t, r.blockTokens, memo.blockSize)
+		drain(t, r)
+		require.True(t, with.Done())
+		// The memo now holds the full blocks of prompt and response, but
+		// for a block the last generated token fills (never hashed: no
+		// token follows it).
+		for i := range with.OutputTokens {
+			history = append(history, OutputToken(with.OutputSeed, i))
+		}
+		again := &Request{PromptTokens: len(history), Prompt: history, OutputTokens: 1, Adapter: adapter}
+		r.prepareHashes(again)
+		require.GreaterOrEqual(t, len(memo.hashes), len(again.hashes)-1, "turn %d", turn)
+		require.Equal(t, again.hashes[:len(memo.hashes)], memo.hashes, "turn %d: prompt and response", turn)
+		probe := &Request{PromptTokens: len(history), Prompt: history, OutputTokens: 1, Adapter: adapter}
+		probeMemo := memo
+		probeMemo.hashes = append([]uint64(nil), memo.hashes...)
+		probeWith := &Request{PromptTokens: len(history), Prompt: history, OutputTokens: 1, Adapter: adapter, Hashes: &probeMemo}
+		require.Equal(t, r.CachedPrefixTokens(probe), r.CachedPrefixTokens(probeWith), "turn %d", turn)
+		require.Positive(t, r.CachedPrefixTokens(probe), "turn %d: the history is cached", turn)
+	}
+}

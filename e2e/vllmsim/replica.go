@@ -259,6 +259,26 @@ type Request struct {
 	// replica reads Prompt only until Submit returns (and in
 	// CachedPrefixTokens), so the caller may reuse the buffer afterwards.
 	Prompt []uint32
+	// Hashes, if set, remembers the block hashes of the earlier prompts and
+	// responses this prompt extends (see PromptHashes); the replica reads
+	// and extends it at Submit (and CachedPrefixTokens) and when the
+	// request completes.
+	Hashes *PromptHashes
+}
+
+// PromptHashes remembers the block hashes of a token sequence that only
+// grows, a conversation's history resent with every turn, so that a
+// replica hashes only the full blocks a prompt adds to the ones hashed
+// before, as vLLM's request_block_hasher would compute them again. The
+// caller promises that every prompt it is given to starts with the tokens
+// of the earlier ones and, once one of them completed, with all the
+// tokens that request generated (the next turn resends the response); the
+// hashes are of those tokens. It holds the hashes of one block size and
+// adapter at a time, the latest asked for. The zero value is empty.
+type PromptHashes struct {
+	blockSize int
+	key       uint64
+	hashes    []uint64
 }
 
 type requestState uint8
@@ -536,11 +556,34 @@ func (r *Replica) prepareHashes(req *Request) {
 	req.loraKey = adapterKey(req.Adapter)
 	req.hashes = r.slices.hashes(req.hashes, (req.PromptTokens+req.OutputTokens)/bs)
 	parent := noneHash
-	for i := range full {
+	m := req.Hashes
+	if m != nil {
+		if m.blockSize != bs || m.key != req.loraKey {
+			m.blockSize, m.key, m.hashes = bs, req.loraKey, m.hashes[:0]
+		}
+		known := min(len(m.hashes), full)
+		req.hashes = append(req.hashes, m.hashes[:known]...)
+		if known > 0 {
+			parent = m.hashes[known-1]
+		}
+	}
+	for i := len(req.hashes); i < full; i++ {
 		parent = hashBlock(parent, req.loraKey, req.Prompt[i*bs:(i+1)*bs])
 		req.hashes = append(req.hashes, parent)
 	}
+	if m != nil && full > len(m.hashes) {
+		m.hashes = append(m.hashes, req.hashes[len(m.hashes):full]...)
+	}
 	req.tail = append(req.tail[:0], req.Prompt[full*bs:]...)
+}
+
+// rememberHashes adds the hashes of a completed request's generated full
+// blocks to its PromptHashes: the prompt that extends this one starts with
+// its response too (a conversation's next turn).
+func (r *Replica) rememberHashes(s *Request) {
+	if m := s.Hashes; m != nil && s.salt == 0 && m.blockSize == r.blockTokens && m.key == s.loraKey && len(m.hashes) <= len(s.hashes) {
+		m.hashes = append(m.hashes, s.hashes[len(m.hashes):]...)
+	}
 }
 
 // appendBlockHash hashes the request's next full block once its last token
@@ -1132,6 +1175,7 @@ func (r *Replica) finishStep(end time.Duration) {
 				if s.Generated >= s.OutputTokens {
 					s.CompletedAt = end
 					s.state = stateDone
+					r.rememberHashes(s)
 					r.releaseRunning(s)
 					r.dropSlices(s)
 					r.stats.Completed++
