@@ -148,11 +148,8 @@ type recordCursor struct{ next, end int32 }
 func (p *blockPool) newRecord(cur *recordCursor) int32 {
 	if cur.next == cur.end {
 		p.dropCursor(cur)
-		var c int32
-		if l := len(p.freeChunks); l > 0 {
-			c = p.freeChunks[l-1]
-			p.freeChunks = p.freeChunks[:l-1]
-		} else {
+		c, ok := popID(&p.freeChunks)
+		if !ok {
 			c = int32(len(p.chunkUse))
 			p.chunkUse = append(p.chunkUse, 0)
 			for range chunkRecords {
@@ -168,6 +165,17 @@ func (p *blockPool) newRecord(cur *recordCursor) int32 {
 	p.chunkUse[b/chunkRecords]++
 	p.blocks[b].ref = 1
 	return b
+}
+
+// popID takes the last id of a free list, if any.
+func popID(list *[]int32) (int32, bool) {
+	l := len(*list)
+	if l == 0 {
+		return 0, false
+	}
+	id := (*list)[l-1]
+	*list = (*list)[:l-1]
+	return id, true
 }
 
 // dropCursor lets go of cur's chunk (a request freeing its blocks).
@@ -411,11 +419,8 @@ func (p *blockPool) releaseRun(salt uint64, n, cached int) int32 {
 	if cached == 0 {
 		return noRun
 	}
-	var i int32
-	if l := len(p.spareRuns); l > 0 {
-		i = p.spareRuns[l-1]
-		p.spareRuns = p.spareRuns[:l-1]
-	} else {
+	i, ok := popID(&p.spareRuns)
+	if !ok {
 		i = int32(len(p.runs))
 		p.runs = append(p.runs, blockRun{})
 	}
