@@ -35,6 +35,16 @@ import "math/bits"
 // queue is interchangeable with any other, and the queue's head part of
 // them (the blocks vLLM prepends) is a count, anonymous.
 //
+// The cache is kept by request, not by block: the cached blocks a request
+// computed itself (after those it found cached) form a hash run holding
+// their hashes in chain order, and the hash index maps only a run's first
+// hash to the run (hashRun). A lookup walks its chain, picks up the runs
+// that begin at each block it passes and follows them while their hashes
+// are the chain's; of the blocks holding a hash it takes the one cached
+// first (kvBlock.seq), as BlockHashToBlockMap would. Caching and evicting
+// a block thus touch its run, in order, and the index changes once per
+// run instead of once per block.
+//
 // A request without token ids (Request.Prompt nil) shares no block with any
 // other, so only its own resumption after a preemption can hit its cached
 // blocks, and its blocks are never records: its table counts them. When it
@@ -66,8 +76,16 @@ type blockPool struct {
 	runs               []blockRun
 	spareRuns          []int32
 	free               int
-	byHash             hashIndex
-	caching            bool
+	// byHash maps the first hash of every hash run to the run (the oldest
+	// run with it; link to the others).
+	byHash        hashIndex
+	hashRuns      []hashRun
+	spareHashRuns []int32
+	runSlices     slicePool
+	cacheSeq      uint64
+	// candidates is lookup's scratch.
+	candidates []int32
+	caching    bool
 	// hashed counts blocks that carry a hash (in use or free), counting
 	// the blocks of requests without token ids from when they are full.
 	hashed int
@@ -75,16 +93,36 @@ type blockPool struct {
 
 type kvBlock struct {
 	hash uint64 // 0: none (no block hash is 0)
-	ref  int32
-	// link is, for a cached block, the next block holding the same hash
-	// (oldest first).
-	link int32
+	// seq is when the block was cached: of the blocks holding one hash, a
+	// lookup finds the one cached first (BlockHashToBlockMap keeps them in
+	// insertion order).
+	seq uint64
+	ref int32
 	// fifoSeq is the block's place in the FIFO while it is there (ref 0
 	// and a hash).
 	fifoSeq uint32
-	// home is a cached block's home slot in the hash index.
-	home uint32
-	_    uint64 // 32 bytes: a block never straddles two cache lines
+	// run is the hash run holding a cached block, pos its place in the
+	// chain.
+	run, pos int32
+}
+
+// hashRun is a request's own cached blocks, in chain order from position
+// start: the blocks it computed, after those it found in the cache. The
+// hash index maps a run's first hash to the run, not every block's hash to
+// its block: caching a block appends to its request's run, and evicting it
+// marks its place in the run; the index changes only when a run begins
+// and when its last block is gone (BENCHMARKS.md, "Replica-model speed
+// work, fourth round").
+type hashRun struct {
+	hashes []uint64 // of the blocks start, start+1, ...
+	blocks []int32  // their records, noBlock once evicted
+	start  int32
+	live   int32 // blocks still cached
+	// link is the next run with the same first hash (the same chain
+	// position), oldest first.
+	link int32
+	home uint32 // index home of the first hash
+	open bool   // its request is running and may append blocks
 }
 
 // blockRun is the cached blocks 0..left-1 of the request with salt that are
@@ -113,7 +151,7 @@ func newBlockPool(n int, caching bool) blockPool {
 	p := blockPool{blocks: make([]kvBlock, 0, n+n/4+chunkRecords), fifo: make([]int32, size),
 		fifoMask: uint64(size - 1), caching: caching, anonymous: n, free: n}
 	if caching {
-		p.byHash = newHashIndex(n, p.blocks)
+		p.byHash = newHashIndex(n)
 	}
 	return p
 }
@@ -143,7 +181,7 @@ const chunkRecords = 16
 type recordCursor struct{ next, end int32 }
 
 // newRecord takes the next record of cur's chunk, taking a new chunk when
-// it is used up; the record is clean (no hash, no link) and its count is
+// it is used up; the record is clean (no hash, no run) and its count is
 // set to 1.
 func (p *blockPool) newRecord(cur *recordCursor) int32 {
 	if cur.next == cur.end {
@@ -153,9 +191,8 @@ func (p *blockPool) newRecord(cur *recordCursor) int32 {
 			c = int32(len(p.chunkUse))
 			p.chunkUse = append(p.chunkUse, 0)
 			for range chunkRecords {
-				p.blocks = append(p.blocks, kvBlock{link: noBlock})
+				p.blocks = append(p.blocks, kvBlock{run: noRun})
 			}
-			p.byHash.blocks = p.blocks
 		}
 		p.chunkUse[c] = 1 // cur holds it
 		cur.next, cur.end = c*chunkRecords, (c+1)*chunkRecords
@@ -187,7 +224,7 @@ func (p *blockPool) dropCursor(cur *recordCursor) {
 }
 
 // killRecord returns record b, which holds no block any more (no count, no
-// hash, no link), to its chunk.
+// hash, no run), to its chunk.
 func (p *blockPool) killRecord(b int32) { p.unuseChunk(b / chunkRecords) }
 
 func (p *blockPool) unuseChunk(c int32) {
@@ -353,40 +390,134 @@ func (p *blockPool) allocate(n int, dst []int32, cur *recordCursor) []int32 {
 	return dst
 }
 
-// evict drops free block b's hash from the cache.
+// evict drops free block b's hash from the cache: its place in its run is
+// emptied, and a run of a request that is gone goes with its last block.
 func (p *blockPool) evict(b int32) {
 	blk := &p.blocks[b]
-	if first := p.byHash.removeIf(blk.hash, blk.home, b, blk.link); first != b {
-		for c := first; ; c = p.blocks[c].link {
-			if p.blocks[c].link == b {
-				p.blocks[c].link = blk.link
-				break
-			}
-		}
-	}
-	blk.hash, blk.link = 0, noBlock
+	id := blk.run
+	run := &p.hashRuns[id]
+	run.blocks[blk.pos-run.start] = noBlock
+	run.live--
+	blk.hash, blk.run = 0, noRun
 	p.hashed--
+	if run.live == 0 && !run.open {
+		p.dropHashRun(id)
+	}
 }
 
-// cache records that in-use block b holds the full block with hash h,
-// homed at home in the index (cache_full_blocks). A block that already has
-// a hash came from a hit and keeps it.
-func (p *blockPool) cache(b int32, h uint64, home uint32) {
+// cache records that in-use block b holds full block i of the chain whose
+// block hashes are hashes (cache_full_blocks), appending it to the hash run
+// *run of its request, which it opens when there is none (the request's
+// first own block, after those it found cached) with room for maxBlocks.
+// A block that already has a hash came from a hit and keeps it.
+func (p *blockPool) cache(b int32, hashes []uint64, i int, run *int32, maxBlocks int) {
 	blk := &p.blocks[b]
 	if !p.caching || blk.hash != 0 {
 		return
 	}
-	blk.hash, blk.link, blk.home = h, noBlock, home
+	if *run == noRun || int(p.hashRuns[*run].start)+len(p.hashRuns[*run].hashes) != i {
+		p.closeHashRun(run)
+		*run = p.openHashRun(hashes, i, maxBlocks)
+	}
+	r := &p.hashRuns[*run]
+	r.hashes = append(r.hashes, hashes[i])
+	r.blocks = append(r.blocks, b)
+	r.live++
+	p.cacheSeq++
+	blk.hash, blk.seq, blk.run, blk.pos = hashes[i], p.cacheSeq, *run, int32(i)
 	p.hashed++
-	first := p.byHash.getOrSet(h, home, b)
-	if first == b {
-		return
+}
+
+// openHashRun starts a run at block i of the chain hashes, with room for
+// maxBlocks, and indexes it by its first hash.
+func (p *blockPool) openHashRun(hashes []uint64, i, maxBlocks int) int32 {
+	id, ok := popID(&p.spareHashRuns)
+	if !ok {
+		id = int32(len(p.hashRuns))
+		p.hashRuns = append(p.hashRuns, hashRun{})
 	}
-	c := first
-	for p.blocks[c].link != noBlock {
-		c = p.blocks[c].link
+	home := p.byHash.homeOf(hashes, i)
+	p.hashRuns[id] = hashRun{hashes: p.runSlices.hashes(nil, maxBlocks), blocks: p.runSlices.table(maxBlocks),
+		start: int32(i), link: noRun, home: home, open: true}
+	first := p.byHash.getOrSet(hashes[i], home, id, p.hashRuns)
+	if first != id {
+		c := first
+		for p.hashRuns[c].link != noRun {
+			c = p.hashRuns[c].link
+		}
+		p.hashRuns[c].link = id
 	}
-	p.blocks[c].link = b
+	return id
+}
+
+// closeHashRun ends the request's run *run (it freed its blocks, or has a
+// new run): the run goes once its last block is evicted.
+func (p *blockPool) closeHashRun(run *int32) {
+	if id := *run; id != noRun {
+		p.hashRuns[id].open = false
+		if p.hashRuns[id].live == 0 {
+			p.dropHashRun(id)
+		}
+	}
+	*run = noRun
+}
+
+// dropHashRun removes run id, which holds no cached block, from the index.
+func (p *blockPool) dropHashRun(id int32) {
+	r := &p.hashRuns[id]
+	if first := p.byHash.removeIf(r.hashes[0], r.home, id, r.link, p.hashRuns); first != id {
+		for c := first; ; c = p.hashRuns[c].link {
+			if p.hashRuns[c].link == id {
+				p.hashRuns[c].link = r.link
+				break
+			}
+		}
+	}
+	p.runSlices.putHashes(r.hashes)
+	p.runSlices.putTable(r.blocks)
+	*r = hashRun{}
+	p.spareHashRuns = append(p.spareHashRuns, id)
+}
+
+// lookup is find_longest_cache_hit for full attention over the chain
+// hashes: left to right, at most maxBlocks, stopping at the first block no
+// cached block holds; of several blocks holding a hash, the one cached
+// first. It appends the hit blocks to dst when dst is not nil, and returns
+// how many there are. The runs holding the chain's blocks are found as the
+// walk passes their first hash, and followed while their hashes are the
+// chain's.
+func (p *blockPool) lookup(hashes []uint64, maxBlocks int, dst *[]int32) int {
+	cands := p.candidates[:0]
+	n := 0
+	for i, h := range hashes[:min(maxBlocks, len(hashes))] {
+		for id := p.byHash.get(h, p.byHash.homeOf(hashes, i), p.hashRuns); id != noRun; id = p.hashRuns[id].link {
+			cands = append(cands, id)
+		}
+		best := noBlock
+		var bestSeq uint64
+		kept := cands[:0]
+		for _, id := range cands {
+			r := &p.hashRuns[id]
+			k := i - int(r.start)
+			if k >= len(r.hashes) || r.hashes[k] != h {
+				continue // the run ends here or leaves the chain
+			}
+			kept = append(kept, id)
+			if b := r.blocks[k]; b != noBlock && (best == noBlock || p.blocks[b].seq < bestSeq) {
+				best, bestSeq = b, p.blocks[b].seq
+			}
+		}
+		cands = kept
+		if best == noBlock {
+			break
+		}
+		if dst != nil {
+			*dst = append(*dst, best)
+		}
+		n++
+	}
+	p.candidates = cands[:0]
+	return n
 }
 
 // release frees a request's block table of records, tail first: every
@@ -447,58 +578,53 @@ func (p *blockPool) takeRun(run int32, n int) {
 	p.free -= n
 }
 
-// hashIndex maps a block hash to a block id: open addressing with linear
-// probing over a power-of-two table at most half full (the pool's blocks
-// bound its entries), and backward-shift deletion, so the constant insert
-// and evict churn of the cache leaves no tombstones. A slot is one word:
-// the block, its distance from the slot its probe starts from (its home)
-// and a fingerprint of its hash; a probe reads the block array only to
-// confirm a fingerprint that matches (a hit, or one probe in 16 million),
-// and the deletion only for an entry more than maxDist slots from home.
-// Eight slots share a cache line (BENCHMARKS.md, "Replica-model speed
-// work, third round").
+// hashIndex maps the first hash of a hash run to the run's id: open
+// addressing with linear probing over a power-of-two table at most a
+// quarter full (the pool's blocks bound its runs), and backward-shift
+// deletion, so the churn of runs leaves no tombstones. A slot is one word:
+// the run, its distance from the slot its probe starts from (its home) and
+// a fingerprint of its hash; a probe reads the run only to confirm a
+// fingerprint that matches (a hit, or one probe in 16 million), and the
+// deletion only for an entry more than maxDist slots from home.
 //
-// The home of block i of a request is not drawn from its own hash but from
-// the hash of the first block of its group of chainGroup (homeOf): the
-// blocks of one chain, which a request caches, evicts and looks up in
-// order, sit in consecutive slots, a few cache lines for a group instead of
-// one cache line each. The map is the same whatever the homes, as long as
-// every operation on a hash probes from the same home: lookups and inserts
-// derive it from the chain that led to the hash (equal hashes come from
-// equal token prefixes, so from equal chains: hash chaining, as vLLM
-// assumes of its own hashes), evictions from the home recorded in the
-// block. It replaced a Go map whose probe sequences grew under that churn,
-// then slots homed by their own hash (BENCHMARKS.md has the figures).
+// The home of block i of a chain is not drawn from its own hash but from
+// the hash of the first block of its group of chainGroup (homeOf): a
+// lookup probes every block of its chain in order, and those probes then
+// read neighbouring slots. The map is the same whatever the homes, as long
+// as every operation on a hash probes from the same home: lookups and
+// inserts derive it from the chain that led to the hash (equal hashes come
+// from equal token prefixes, so from equal chains: hash chaining, as vLLM
+// assumes of its own hashes), removals from the home recorded in the run.
+// It replaced a Go map whose probe sequences grew under the churn, then
+// slots homed by their own hash (BENCHMARKS.md has the figures).
 type hashIndex struct {
 	slots []uint64
 	mask  uint32
-	// blocks is the pool's block array: an entry's full hash and home.
-	blocks []kvBlock
 }
 
-// A slot is 0 (empty) or fingerprint<<40 | distance<<32 | block+1.
+// A slot is 0 (empty) or fingerprint<<40 | distance<<32 | run+1.
 const (
-	slotBlockMask = 1<<32 - 1
-	maxDist       = 255 // a distance of maxDist or more: see the block's home
+	slotRunMask = 1<<32 - 1
+	maxDist     = 255 // a distance of maxDist or more: see the run's home
 )
 
-func slotOf(key uint64, dist uint32, block int32) uint64 {
-	return key>>40<<40 | uint64(min(dist, maxDist))<<32 | uint64(uint32(block)+1)
+func slotOf(key uint64, dist uint32, run int32) uint64 {
+	return key>>40<<40 | uint64(min(dist, maxDist))<<32 | uint64(uint32(run)+1)
 }
 
-func slotBlock(s uint64) int32 { return int32(uint32(s&slotBlockMask) - 1) }
+func slotRun(s uint64) int32 { return int32(uint32(s&slotRunMask) - 1) }
 
 func sameFingerprint(s, key uint64) bool { return (s^key)>>40 == 0 }
 
 // chainGroup is how many consecutive blocks of a chain share a home run.
 const chainGroup = 8
 
-func newHashIndex(maxEntries int, blocks []kvBlock) hashIndex {
+func newHashIndex(maxEntries int) hashIndex {
 	size := 16
 	for size < 4*maxEntries {
 		size *= 2
 	}
-	return hashIndex{slots: make([]uint64, size), mask: uint32(size - 1), blocks: blocks}
+	return hashIndex{slots: make([]uint64, size), mask: uint32(size - 1)}
 }
 
 // homeOf is the home slot of block i of a chain whose block hashes are
@@ -508,71 +634,71 @@ func (h *hashIndex) homeOf(hashes []uint64, i int) uint32 {
 }
 
 // find returns key's slot, or the empty slot where it would go.
-func (h *hashIndex) find(key uint64, home uint32) uint32 {
+func (h *hashIndex) find(key uint64, home uint32, runs []hashRun) uint32 {
 	i := home
 	for {
 		s := h.slots[i]
-		if s == 0 || sameFingerprint(s, key) && h.blocks[slotBlock(s)].hash == key {
+		if s == 0 || sameFingerprint(s, key) && runs[slotRun(s)].hashes[0] == key {
 			return i
 		}
 		i = (i + 1) & h.mask
 	}
 }
 
-// get returns the block of key, or noBlock.
-func (h *hashIndex) get(key uint64, home uint32) int32 {
-	if s := h.slots[h.find(key, home)]; s != 0 {
-		return slotBlock(s)
+// get returns the run of key, or noRun.
+func (h *hashIndex) get(key uint64, home uint32, runs []hashRun) int32 {
+	if s := h.slots[h.find(key, home, runs)]; s != 0 {
+		return slotRun(s)
 	}
-	return noBlock
+	return noRun
 }
 
-// getOrSet returns key's block, first setting it to block (whose hash is
-// key) if key is absent.
-func (h *hashIndex) getOrSet(key uint64, home uint32, block int32) int32 {
-	i := h.find(key, home)
+// getOrSet returns key's run, first setting it to run (whose first hash
+// is key) if key is absent.
+func (h *hashIndex) getOrSet(key uint64, home uint32, run int32, runs []hashRun) int32 {
+	i := h.find(key, home, runs)
 	if h.slots[i] == 0 {
-		h.slots[i] = slotOf(key, (i-home)&h.mask, block)
-		return block
+		h.slots[i] = slotOf(key, (i-home)&h.mask, run)
+		return run
 	}
-	return slotBlock(h.slots[i])
+	return slotRun(h.slots[i])
 }
 
-// removeIf returns key's block; if it is block, key now maps to next, or
-// is removed when next is noBlock.
-func (h *hashIndex) removeIf(key uint64, home uint32, block, next int32) int32 {
-	// The slot holding block is key's (an entry per hash): found without
-	// reading the block array unless block is not key's first.
+// removeIf returns key's run; if it is run, key now maps to next, or is
+// removed when next is noRun.
+func (h *hashIndex) removeIf(key uint64, home uint32, run, next int32, runs []hashRun) int32 {
+	// The slot holding run is key's (an entry per hash): found without
+	// reading the runs unless run is not key's first.
 	i := home
 	for {
 		s := h.slots[i]
 		if s == 0 {
-			return noBlock
+			return noRun
 		}
 		if sameFingerprint(s, key) {
-			if b := slotBlock(s); b == block {
+			if r := slotRun(s); r == run {
 				break
-			} else if h.blocks[b].hash == key {
-				return b
+			} else if runs[r].hashes[0] == key {
+				return r
 			}
 		}
 		i = (i + 1) & h.mask
 	}
-	if next != noBlock {
-		h.slots[i] = h.slots[i]&^slotBlockMask | uint64(uint32(next)+1)
-		return block
+	if next != noRun {
+		h.slots[i] = h.slots[i]&^slotRunMask | uint64(uint32(next)+1)
+		return run
 	}
-	h.remove(i)
-	return block
+	h.remove(i, runs)
+	return run
 }
 
 // remove empties slot i, shifting back the entries of its probe run.
-func (h *hashIndex) remove(i uint32) {
+func (h *hashIndex) remove(i uint32, runs []hashRun) {
 	for j := (i + 1) & h.mask; h.slots[j] != 0; j = (j + 1) & h.mask {
 		s := h.slots[j]
 		dist := uint32(s>>32) & maxDist
 		if dist == maxDist {
-			dist = (j - h.blocks[slotBlock(s)].home) & h.mask
+			dist = (j - runs[slotRun(s)].home) & h.mask
 		}
 		// Move the entry at j back to the hole at i unless its home slot
 		// lies cyclically in (i, j].

@@ -91,19 +91,24 @@ func checkPool(t *testing.T, r *Replica) {
 		require.Equal(t, blk.ref == 0 && blk.hash != 0, queued[b], "block %d", b)
 		if blk.ref != 0 || blk.hash != 0 {
 			use[b/chunkRecords]++
-		} else {
-			require.Equal(t, noBlock, blk.link, "a dead record %d has no link", b)
 		}
+		require.Equal(t, blk.hash != 0, blk.run != noRun, "block %d has a hash in a run", b)
 		if blk.hash != 0 {
 			hashed++
-			found := false
-			for c := p.byHash.get(blk.hash, blk.home); c != noBlock; c = p.blocks[c].link {
-				found = found || c == int32(b)
-			}
-			require.True(t, found, "hashed block %d is reachable from the cache", b)
+			run := &p.hashRuns[blk.run]
+			require.Equal(t, int32(b), run.blocks[blk.pos-run.start], "block %d in its run", b)
+			require.Equal(t, blk.hash, run.hashes[blk.pos-run.start], "block %d", b)
 		}
 	}
 	require.Equal(t, p.hashed, hashed)
+	checkHashRuns(t, p)
+	// Every running request's chain is found as a search of every
+	// record finds it: hash by hash, the block with it cached first.
+	for _, s := range r.running {
+		if s.salt == 0 {
+			checkLookup(t, p, s.hashes)
+		}
+	}
 	require.Equal(t, use, append([]int32{}, p.chunkUse...), "chunks count their live records and holders")
 	freeChunk := make([]bool, len(p.chunkUse))
 	for _, c := range p.freeChunks {
@@ -113,6 +118,63 @@ func checkPool(t *testing.T, r *Replica) {
 	for c, n := range p.chunkUse {
 		require.Equal(t, n == 0, freeChunk[c], "chunk %d is free when unused", c)
 	}
+}
+
+// checkHashRuns verifies the hash runs: a run's live count is its blocks
+// not evicted, a run without one is its running request's, and every run
+// is reachable from the index by its first hash.
+func checkHashRuns(t *testing.T, p *blockPool) {
+	t.Helper()
+	spare := map[int32]bool{}
+	for _, id := range p.spareHashRuns {
+		spare[id] = true
+	}
+	for id := range int32(len(p.hashRuns)) {
+		if spare[id] {
+			continue
+		}
+		run := &p.hashRuns[id]
+		live := 0
+		for k, b := range run.blocks {
+			if b != noBlock {
+				live++
+				require.Equal(t, id, p.blocks[b].run)
+				require.Equal(t, run.start+int32(k), p.blocks[b].pos)
+			}
+		}
+		require.Equal(t, int32(live), run.live, "run %d", id)
+		require.True(t, live > 0 || run.open, "run %d without blocks is a running request's", id)
+		found := false
+		for c := p.byHash.get(run.hashes[0], run.home, p.hashRuns); c != noRun; c = p.hashRuns[c].link {
+			found = found || c == id
+			require.Equal(t, run.hashes[0], p.hashRuns[c].hashes[0])
+		}
+		require.True(t, found, "run %d is reachable from the index", id)
+	}
+}
+
+// checkLookup compares the pool's lookup of a chain with a search of all
+// the records: block by block, the record with the hash that was cached
+// first, until no record has it.
+func checkLookup(t *testing.T, p *blockPool, hashes []uint64) {
+	t.Helper()
+	var want []int32
+	for _, h := range hashes {
+		best := noBlock
+		for b := range p.blocks {
+			if blk := &p.blocks[b]; blk.hash == h && (best == noBlock || blk.seq < p.blocks[best].seq) {
+				best = int32(b)
+			}
+		}
+		if best == noBlock {
+			break
+		}
+		want = append(want, best)
+	}
+	var got []int32
+	require.Equal(t, len(want), p.lookup(hashes, len(hashes), &got))
+	require.Equal(t, want, got)
+	require.Equal(t, len(want), p.lookup(hashes, len(hashes), nil))
 }
 
 // freeQueue lists the pool's FIFO from its head: its records and its runs
@@ -381,6 +443,11 @@ func TestPrefixCacheProperties(t *testing.T) {
 		for i := range 150 {
 			p := append([]uint32(nil), prefixes[rng.IntN(len(prefixes))]...)
 			p = append(p, tokens(uint32(i+1)<<24, rng.IntN(60))...)
+			if rng.IntN(3) == 0 && len(p) >= 16 {
+				// Whole blocks of a shared prefix: the last one is computed
+				// again and cached twice under one hash.
+				p = p[:min(len(p), len(prefixes[0]))/16*16]
+			}
 			q := promptRequest(p, 1+rng.IntN(40))
 			if q.PromptTokens+q.OutputTokens > r.cfg.MaxModelLen {
 				continue
@@ -400,6 +467,11 @@ func TestPrefixCacheProperties(t *testing.T) {
 				}
 				r.Advance(next)
 				checkPool(t, r)
+				for _, q := range reqs {
+					if q.state == stateWaiting && q.salt == 0 {
+						checkLookup(t, &r.pool, q.hashes) // what its admission will find
+					}
+				}
 			}
 		}
 		drain(t, r)
@@ -432,8 +504,8 @@ func TestHashIndexAgreesWithAMap(t *testing.T) {
 	// entries beyond maxDist of theirs.
 	for _, tc := range []struct{ entries, homes, steps int }{{200, 64, 100_000}, {400, 2, 20_000}} {
 		rng := rand.New(rand.NewPCG(3, uint64(tc.homes)))
-		blocks := make([]kvBlock, 1000)
-		h := newHashIndex(tc.entries, blocks)
+		blocks := make([]hashRun, 1000)
+		h := newHashIndex(tc.entries)
 		ref := map[uint64]int32{}
 		// Blocks not in use sit in spare.
 		var spare []int32
@@ -454,11 +526,11 @@ func TestHashIndexAgreesWithAMap(t *testing.T) {
 		take := func(k uint64) int32 {
 			b := spare[len(spare)-1]
 			spare = spare[:len(spare)-1]
-			blocks[b] = kvBlock{hash: k, home: homes[k]}
+			blocks[b] = hashRun{hashes: []uint64{k}, home: homes[k]}
 			return b
 		}
 		put := func(b int32) {
-			blocks[b] = kvBlock{}
+			blocks[b] = hashRun{}
 			spare = append(spare, b)
 		}
 		maxDistSeen := uint32(0)
@@ -468,21 +540,21 @@ func TestHashIndexAgreesWithAMap(t *testing.T) {
 			cur, present := ref[k]
 			switch op := rng.IntN(4); {
 			case op == 0 && present:
-				assert.Equal(t, cur, h.removeIf(k, home, cur, noBlock))
+				assert.Equal(t, cur, h.removeIf(k, home, cur, noRun, blocks))
 				delete(ref, k)
 				put(cur)
 			case op == 1 && present:
 				next := take(k)
-				assert.Equal(t, cur, h.removeIf(k, home, cur, next), "moves to the next block of the hash")
+				assert.Equal(t, cur, h.removeIf(k, home, cur, next, blocks), "moves to the next block of the hash")
 				ref[k] = next
 				put(cur)
 			case op == 2 && present:
 				other := take(k) // a later block with the same hash
-				assert.Equal(t, cur, h.removeIf(k, home, other, noBlock), "another block: nothing changes")
+				assert.Equal(t, cur, h.removeIf(k, home, other, noRun, blocks), "another block: nothing changes")
 				put(other)
 			case len(ref) < tc.entries:
 				b := take(k)
-				got := h.getOrSet(k, home, b)
+				got := h.getOrSet(k, home, b, blocks)
 				if present {
 					assert.Equal(t, cur, got)
 					put(b)
@@ -494,7 +566,7 @@ func TestHashIndexAgreesWithAMap(t *testing.T) {
 			if step%64 == 0 {
 				for i, s := range h.slots {
 					if s != 0 {
-						maxDistSeen = max(maxDistSeen, (uint32(i)-blocks[slotBlock(s)].home)&h.mask)
+						maxDistSeen = max(maxDistSeen, (uint32(i)-blocks[slotRun(s)].home)&h.mask)
 					}
 				}
 			}
@@ -504,13 +576,13 @@ func TestHashIndexAgreesWithAMap(t *testing.T) {
 			for _, k := range keys[:20] {
 				want, ok := ref[k]
 				if !ok {
-					want = noBlock
+					want = noRun
 				}
-				require.Equal(t, want, h.get(k, homes[k]))
+				require.Equal(t, want, h.get(k, homes[k], blocks))
 			}
 		}
 		for k, b := range ref {
-			require.Equal(t, b, h.get(k, homes[k]))
+			require.Equal(t, b, h.get(k, homes[k], blocks))
 		}
 		if tc.homes == 2 {
 			require.Greater(t, maxDistSeen, uint32(maxDist), "entries beyond maxDist of their home")
@@ -586,7 +658,7 @@ func TestFreeQueueIsVLLMsQueue(t *testing.T) {
 			table := p.allocate(k, nil, cur)
 			for _, e := range head {
 				if e.block >= 0 {
-					require.Equal(t, noBlock, p.byHash.get(e.hash, homeOf(e.hash)), "step %d: allocation evicts the head", step)
+					require.Equal(t, noRun, p.byHash.get(e.hash, homeOf(e.hash), p.hashRuns), "step %d: allocation evicts the head", step)
 				}
 			}
 			for _, b := range table {
@@ -596,7 +668,10 @@ func TestFreeQueueIsVLLMsQueue(t *testing.T) {
 			// Some full blocks get a hash (and are cached).
 			for _, b := range table[:rng.IntN(k+1)] {
 				nextHash += 2
-				p.cache(b, nextHash, homeOf(nextHash))
+				// Each its own chain, of a request that is gone.
+				run := noRun
+				p.cache(b, []uint64{nextHash}, 0, &run, 1)
+				p.closeHashRun(&run)
 			}
 			tables = append(tables, held{table, cur})
 		case op == 1 && p.free > 0:
@@ -803,4 +878,43 @@ func TestPromptHashesAreTheHashesOfThePrompt(t *testing.T) {
 		require.Equal(t, r.CachedPrefixTokens(probe), r.CachedPrefixTokens(probeWith), "turn %d", turn)
 		require.Positive(t, r.CachedPrefixTokens(probe), "turn %d: the history is cached", turn)
 	}
+}
+
+// TestDuplicateBlocksFindTheFirstCached: a prompt of whole blocks
+// computes its last block even when it is cached (the last token is always
+// computed), so requests with the same such prompt cache that block again
+// under the same hash; a lookup finds the copy cached first
+// (BlockHashToBlockMap keeps insertion order), and the copies go as they
+// are evicted.
+func TestDuplicateBlocksFindTheFirstCached(t *testing.T) {
+	r := newTestReplica(t, func(c *ReplicaConfig) { c.KVCapacityTokens = 16 * 12; c.MaxModelLen = 16 * 12 })
+	prompt := tokens(7, 64) // 4 full blocks
+	var lastBlocks []int32  // each request's block 3
+	for i := range 3 {
+		q := promptRequest(prompt, 1)
+		require.NoError(t, r.Submit(q, r.Now()))
+		if i > 0 {
+			assert.Equal(t, 48, q.CachedTokens, "blocks 0-2 hit, block 3 computed again")
+		}
+		lastBlocks = append(lastBlocks, q.table[3])
+		drain(t, r)
+		checkPool(t, r)
+	}
+	require.Len(t, r.pool.hashRuns, 3, "one run from block 0, two from block 3 under one hash")
+	longer := promptRequest(concat(prompt, tokens(900, 20)), 1)
+	require.NoError(t, r.Submit(longer, r.Now()))
+	assert.Equal(t, 64, longer.CachedTokens)
+	assert.Equal(t, lastBlocks[0], longer.table[3], "the first request's copy, cached first")
+	chain := append([]uint64(nil), longer.hashes...)
+	drain(t, r)
+	checkPool(t, r)
+	// Pressure evicts the copies one by one; lookups always find the oldest
+	// left.
+	for i := range 8 {
+		require.NoError(t, r.Submit(promptRequest(tokens(uint32(10_000*(i+1)), 16+16*i%64), 1), r.Now()))
+		drain(t, r)
+		checkPool(t, r)
+		checkLookup(t, &r.pool, chain)
+	}
+	require.Zero(t, r.CachedPrefixTokens(promptRequest(prompt, 1)), "all evicted")
 }

@@ -234,8 +234,11 @@ type Request struct {
 	taggedBlocks int
 	salt         uint64 // nonzero: a prompt without token ids (Prompt nil)
 	table        []int32
-	// records is the chunk of the pool's records its new blocks take.
+	// records is the chunk of the pool's records its new blocks take;
+	// hashRun the pool's run of its cached blocks while it runs (noRun for
+	// none).
 	records recordCursor
+	hashRun int32
 	// hashes[i] is the hash of full block i of the request's tokens (prompt
 	// then generated), computed as tokens arrive (request_block_hasher).
 	hashes    []uint64
@@ -513,7 +516,7 @@ func (r *Replica) Submit(req *Request, now time.Duration) error {
 	req.table, req.tableTokens, req.scheduled = r.slices.table(r.blocksFor(req.PromptTokens+req.OutputTokens)), 0, false
 	r.setCachedBlocks(req, 0)
 	req.expectHit = 0
-	req.run = noRun
+	req.run, req.hashRun = noRun, noRun
 	req.hashAt = noTokens
 	if r.cfg.EnablePrefixCaching {
 		r.prepareHashes(req)
@@ -624,13 +627,7 @@ func (r *Replica) longestHit(s *Request, maxBlocks int, dst []int32) []int32 {
 		}
 		return dst
 	}
-	for i, h := range s.hashes[:min(maxBlocks, len(s.hashes))] {
-		b := r.pool.byHash.get(h, r.pool.byHash.homeOf(s.hashes, i))
-		if b == noBlock {
-			break
-		}
-		dst = append(dst, b)
-	}
+	r.pool.lookup(s.hashes, maxBlocks, &dst)
 	return dst
 }
 
@@ -642,14 +639,7 @@ func (r *Replica) hitBlocks(s *Request, maxBlocks int) int {
 	if s.salt != 0 {
 		return r.pool.runHits(s.run, s.salt, maxBlocks)
 	}
-	n := 0
-	for i, h := range s.hashes[:min(maxBlocks, len(s.hashes))] {
-		if r.pool.byHash.get(h, r.pool.byHash.homeOf(s.hashes, i)) == noBlock {
-			break
-		}
-		n++
-	}
-	return n
+	return r.pool.lookup(s.hashes, maxBlocks, nil)
 }
 
 // CachedPrefixTokens is how many of req's prompt tokens the replica's prefix
@@ -966,7 +956,7 @@ func (r *Replica) cacheFullBlocks(s *Request, tokens int) {
 	} else {
 		full = min(full, len(s.hashes))
 		for i := s.cachedBlocks; i < full; i++ {
-			r.pool.cache(s.table[i], s.hashes[i], r.pool.byHash.homeOf(s.hashes, i))
+			r.pool.cache(s.table[i], s.hashes, i, &s.hashRun, r.blocksFor(s.PromptTokens+s.OutputTokens)-i)
 		}
 	}
 	r.setCachedBlocks(s, max(s.cachedBlocks, full))
@@ -1079,6 +1069,7 @@ func (r *Replica) releaseRunning(s *Request) {
 	} else {
 		r.pool.release(s.table)
 		r.pool.dropCursor(&s.records)
+		r.pool.closeHashRun(&s.hashRun)
 	}
 	s.table = s.table[:0]
 	s.tableTokens = 0
