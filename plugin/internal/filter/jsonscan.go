@@ -1,6 +1,9 @@
 package filter
 
-import "encoding/binary"
+import (
+	"encoding/binary"
+	"math/bits"
+)
 
 // This file is a strict, iterative JSON validator (RFC 8259, what
 // encoding/json.Valid accepts) that also reports the members of the
@@ -243,7 +246,14 @@ func scanString(doc []byte, i int) (int, bool) {
 			}
 			i += 64
 		}
-		for i+8 <= len(doc) && specialBits(binary.LittleEndian.Uint64(doc[i:])) == 0 {
+		for i+8 <= len(doc) {
+			if m := specialBits(binary.LittleEndian.Uint64(doc[i:])); m != 0 {
+				// The lowest flagged byte is a real one (flags only spread
+				// upwards): go straight to it, not a byte at a time back
+				// through the loops above.
+				i += bits.TrailingZeros64(m) >> 3
+				break
+			}
 			i += 8
 		}
 		if i >= len(doc) {
