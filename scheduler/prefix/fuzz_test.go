@@ -18,6 +18,8 @@ func FuzzHash(f *testing.F) {
 		`[{"role":"user","content":"hi"}]`, `[{"role":"system","content":"a"},{"content":"b","role":"user"},{"role":"user","name":"n","content":"c","role":"x"}]`,
 		`[{"role":"user","content":[{"type":"text","text":"a\u00e9\ud83d\ude00"},{"type":"image_url","image_url":{"url":"data:x"}}]}]`,
 		`[{"role":"assistant","content":null,"tool_calls":[{"id":"c","function":{"name":"f","arguments":"{}"}}]},{"role":"tool","tool_call_id":"c","content":"42"}]`,
+		`[{"role":"user","content": "spaced value"},{"role":"user","content":"x","name":"n"},{"role":"user" ,"content":"y"}]`,
+		`[{"role":"system","content":"0123456789012345678901234567890123456789012345678901234567890123456789\"q\"0123456789012345678901234567890123456789012345678901234567890123456789"}]`,
 		`"plain prompt"`, `[1,2,3]`, `[[1,2],[3]]`, `["a","b"]`, `[`, `"\u12`, `[{"role":"u","content":[{"type":"x","v":[[[[]]]]}]}]`,
 	} {
 		f.Add([]byte(s))
@@ -26,7 +28,14 @@ func FuzzHash(f *testing.F) {
 	if err != nil {
 		f.Fatal(err)
 	}
+	// The default 64-byte blocks take the one-pass block loop for long
+	// strings: the same checks with it.
+	h64, err := NewHasher(HashConfig{})
+	if err != nil {
+		f.Fatal(err)
+	}
 	f.Fuzz(func(t *testing.T, data []byte) {
+		checkChatForms(t, h64, data)
 		errChat := h.HashMessages("m", nil, nil, data)
 		chat := slices.Clone(h.Blocks())
 		errPrompt := h.HashPrompt("m", nil, data)
@@ -55,6 +64,25 @@ func FuzzHash(f *testing.F) {
 			t.Fatalf("prompt: whitespace changed the result: %v/%v\n%q\n%q", errPrompt, errPrompt2, data, spaced)
 		}
 	})
+}
+
+// checkChatForms checks that a chat's hashes do not depend on whitespace
+// nor on escaped "role" and "content" keys (the compact, general and
+// member-iterator paths of writeMessage).
+func checkChatForms(t *testing.T, h *Hasher, data []byte) {
+	t.Helper()
+	err := h.HashMessages("m", nil, nil, data)
+	want := slices.Clone(h.Blocks())
+	if !json.Valid(data) {
+		return
+	}
+	escaped := bytes.ReplaceAll(bytes.ReplaceAll(data, []byte(`"role"`), []byte(`"rol\u0065"`)), []byte(`"content"`), []byte(`"conten\u0074"`))
+	for _, other := range [][]byte{spaceOut(data), escaped} {
+		err2 := h.HashMessages("m", nil, nil, other)
+		if (err == nil) != (err2 == nil) || (err == nil && !slices.Equal(want, h.Blocks())) {
+			t.Fatalf("messages (%d-byte blocks): the form changed the result: %v/%v\n%q\n%q", h.cfg.BlockBytes, err, err2, data, other)
+		}
+	}
 }
 
 // spaceOut inserts a space after every structural character outside

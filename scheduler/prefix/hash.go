@@ -438,12 +438,13 @@ func (h *Hasher) writeMessage(doc []byte, i int) (int, error) {
 	// The usual message starts with a plain "role" then "content":
 	// rendered without the iterator, which then goes on from there.
 	if r, c, ok := roleThenContent(doc, i); ok {
-		if err := h.writeHead(doc, r); err != nil {
-			return 0, err
-		}
+		h.writePlainHead(doc[r.start+1 : r.end-1])
 		end, err := h.writeContent(doc, c)
 		if err != nil {
 			return 0, err
+		}
+		if end < len(doc) && doc[end] == '}' {
+			return end + 1, nil // nothing after the content: what the iterator would find
 		}
 		role, rendered = r, true
 		it.consumed(end)
@@ -522,6 +523,22 @@ func (h *Hasher) writeMessage(doc []byte, i int) (int, error) {
 // and where the content's value starts. Anything else is left to the
 // member iterator, which reads the same message the same way.
 func roleThenContent(doc []byte, i int) (role span, content int, ok bool) {
+	// Compact JSON (no whitespace between the tokens) is matched a word
+	// at a time; anything else goes the general way below.
+	if i+9 <= len(doc) && binary.LittleEndian.Uint64(doc[i+1:]) == roleColonQuote {
+		j := i + 9
+		end := plainRun(doc, j)
+		if end+12 < len(doc) && doc[end] == '"' && binary.LittleEndian.Uint64(doc[end+1:]) == commaContent &&
+			binary.LittleEndian.Uint16(doc[end+9:]) == tQuote && doc[end+11] == ':' {
+			c := end + 12
+			if doc[c] <= ' ' {
+				if c = skipSpace(doc, c); c >= len(doc) {
+					return span{}, 0, false
+				}
+			}
+			return span{j - 1, end + 1}, c, true
+		}
+	}
 	j, ok := token(doc, i+1, `"role"`)
 	if ok {
 		j, ok = token(doc, j, ":")
@@ -548,6 +565,14 @@ func roleThenContent(doc []byte, i int) (role span, content int, ok bool) {
 	return role, j, true
 }
 
+// The compact message start `{"role":"...","content":` as little-endian
+// words: `"role":"`, `,"conten` and `t"`.
+const (
+	roleColonQuote = 0x223a22656c6f7222
+	commaContent   = 0x6e65746e6f63222c
+	tQuote         = 0x2274
+)
+
 // token reports whether doc holds tok at j after whitespace, and returns
 // the offset past it (ok false: the offset is meaningless).
 func token(doc []byte, j int, tok string) (int, bool) {
@@ -566,6 +591,23 @@ func (h *Hasher) writeHead(doc []byte, role span) error {
 		return err
 	}
 	return h.WriteByte(markField)
+}
+
+// writePlainHead is writeHead for a role string without escapes (its
+// bytes between the quotes): usually one copy into the open block.
+func (h *Hasher) writePlainHead(role []byte) {
+	if n := len(role) + 2; !h.full && h.fill+n < len(h.buf) {
+		b := h.buf[h.fill : h.fill+n]
+		b[0] = markMessage
+		copy(b[1:], role)
+		b[n-1] = markField
+		h.fill += n
+		h.bytes += n
+		return
+	}
+	_ = h.WriteByte(markMessage)
+	h.Write(role)
+	_ = h.WriteByte(markField)
 }
 
 // writeContent renders a message's content value at doc[i] and returns

@@ -54,7 +54,13 @@ func plainRun(doc []byte, i int) int {
 		}
 		i += 32
 	}
-	for i+8 <= len(doc) && quoteOrBackslash(binary.LittleEndian.Uint64(doc[i:])) == 0 {
+	for i+8 <= len(doc) {
+		if m := quoteOrBackslash(binary.LittleEndian.Uint64(doc[i:])); m != 0 {
+			// The lowest flagged byte is a real quote or backslash (flags
+			// only spread upwards): no byte loop, which in a Wasm guest
+			// cost more than the words before it.
+			return i + bits.TrailingZeros64(m)>>3
+		}
 		i += 8
 	}
 	for i < len(doc) && doc[i] != '"' && doc[i] != '\\' {
@@ -253,14 +259,16 @@ func (h *Hasher) writeString(doc []byte, i int) (int, error) {
 	i++
 	// A short plain string (a role, a name, most keys' values) is one
 	// scan and one write; plainBlocks is for the long ones.
-	if j := plainRun(doc[:min(len(doc), i+64)], i); j < len(doc) && doc[j] == '"' {
+	j := plainRun(doc[:min(len(doc), i+64)], i)
+	if j < len(doc) && doc[j] == '"' {
 		h.Write(doc[i:j])
 		return j + 1, nil
 	}
+	plainTo := j // doc[i:j] holds no quote and no backslash
 	var esc [utf8.UTFMax]byte
 	for {
 		if h.cfg.BlockBytes == 64 {
-			i = h.plainBlocks(doc, i)
+			i = h.plainBlocks(doc, i, plainTo)
 		}
 		j := plainRun(doc, i)
 		if j > i {
@@ -285,15 +293,16 @@ func (h *Hasher) writeString(doc []byte, i int) (int, error) {
 // no backslash) from doc[i] in the same pass that checks them, and returns
 // where it stopped: at the first block holding a quote or a backslash, or
 // with less than a block left. A block the hasher has partly filled is
-// completed first. Scanning for the string's end and hashing were two
-// passes over a prompt; in a Wasm guest one pass costs about half.
-func (h *Hasher) plainBlocks(doc []byte, i int) int {
+// completed first (doc[i:plainTo] is known to be plain: not scanned
+// again). Scanning for the string's end and hashing were two passes over
+// a prompt; in a Wasm guest one pass costs about half.
+func (h *Hasher) plainBlocks(doc []byte, i, plainTo int) int {
 	if h.full {
 		return i
 	}
 	if h.fill > 0 {
 		k := i + 64 - h.fill
-		if k > len(doc) || plainRun(doc[:k], i) != k {
+		if k > len(doc) || (k > plainTo && plainRun(doc[:k], i) != k) {
 			return i
 		}
 		h.Write(doc[i:k])
