@@ -409,12 +409,13 @@ func (p *blockPool) evict(b int32) {
 // block hashes are hashes (cache_full_blocks), appending it to the hash run
 // *run of its request, which it opens when there is none (the request's
 // first own block, after those it found cached) with room for maxBlocks.
-// A block that already has a hash came from a hit and keeps it.
+// b is a block the request computed, without a hash: the blocks it found
+// cached keep theirs, and the caller skips them without reading them.
 func (p *blockPool) cache(b int32, hashes []uint64, i int, run *int32, maxBlocks int) {
-	blk := &p.blocks[b]
-	if !p.caching || blk.hash != 0 {
+	if !p.caching {
 		return
 	}
+	blk := &p.blocks[b]
 	if *run == noRun || int(p.hashRuns[*run].start)+len(p.hashRuns[*run].hashes) != i {
 		p.closeHashRun(run)
 		*run = p.openHashRun(hashes, i, maxBlocks)

@@ -918,3 +918,15 @@ func TestDuplicateBlocksFindTheFirstCached(t *testing.T) {
 	}
 	require.Zero(t, r.CachedPrefixTokens(promptRequest(prompt, 1)), "all evicted")
 }
+
+func TestHashOutputBlockIsHashBlockOfTheTokens(t *testing.T) {
+	for n := 1; n <= 33; n++ {
+		for _, from := range []int{0, 1, 17, 1000} {
+			toks := make([]uint32, n)
+			for i := range toks {
+				toks[i] = OutputToken(42, from+i)
+			}
+			require.Equal(t, hashBlock(7, 9, toks), hashOutputBlock(7, 9, 42, from, n), "n %d from %d", n, from)
+		}
+	}
+}

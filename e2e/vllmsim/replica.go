@@ -201,13 +201,42 @@ type Request struct {
 	LastTokenAt  time.Duration
 	FirstTokenAt time.Duration
 
-	// ID is for the caller; the replica does not read it.
-	ID           uint64
-	PromptTokens int
+	// The fields from here to hashBlock are what hashing a block as a
+	// decode step fills it, and caching it, read: two cache lines
+	// (appendBlockHash, cacheFullBlocks).
+	salt uint64 // nonzero: a prompt without token ids (Prompt nil)
+	// hashes[i] is the hash of full block i of the request's tokens (prompt
+	// then generated), computed as tokens arrive (request_block_hasher);
+	// lastHash is the last of them (noneHash for none).
+	hashes   []uint64
+	lastHash uint64
+	loraKey  uint64
 	// OutputSeed fixes the token ids the request generates
 	// (OutputToken(OutputSeed, i)); they are cached like prompt tokens once
 	// they fill a block.
-	OutputSeed uint64
+	OutputSeed   uint64
+	PromptTokens int
+	cachedBlocks int // leading blocks of table registered in the cache
+	// taggedBlocks counts the leading blocks of a running request that it
+	// found cached when it was admitted. For a request without token ids
+	// they are those it found in its run when it resumed (already counted
+	// as cached); the blocks from there to cachedBlocks are counted as they
+	// fill, and all of them join its next run when it frees them.
+	taggedBlocks int
+	table        []int32
+	// records is the chunk of the pool's records its new blocks take;
+	// hashRun the pool's run of its cached blocks while it runs (noRun for
+	// none).
+	records recordCursor
+	hashRun int32
+	// run is, for a request without token ids that freed its blocks, the
+	// pool's run of its cached blocks (noRun for none).
+	run       int32
+	hashBlock int // block size the hashes were computed for, 0 = none
+	tail      []uint32
+
+	// ID is for the caller; the replica does not read it.
+	ID uint64
 
 	// Arrival is the Submit time.
 	Arrival time.Duration
@@ -221,30 +250,7 @@ type Request struct {
 	// prefix cache when the request was first scheduled (a multiple of the
 	// block size, at most PromptTokens-1).
 	CachedTokens int
-
 	scheduled    bool // scheduled at least once (CachedTokens is set)
-	cachedBlocks int  // leading blocks of table registered in the cache
-	// run is, for a request without token ids that freed its blocks, the
-	// pool's run of its cached blocks (noRun for none).
-	run int32
-	// taggedBlocks counts the leading blocks of a running request without
-	// token ids that it found in its run when it resumed (already counted
-	// as cached); the blocks from there to cachedBlocks are counted as they
-	// fill, and all of them join its next run when it frees them.
-	taggedBlocks int
-	salt         uint64 // nonzero: a prompt without token ids (Prompt nil)
-	table        []int32
-	// records is the chunk of the pool's records its new blocks take;
-	// hashRun the pool's run of its cached blocks while it runs (noRun for
-	// none).
-	records recordCursor
-	hashRun int32
-	// hashes[i] is the hash of full block i of the request's tokens (prompt
-	// then generated), computed as tokens arrive (request_block_hasher).
-	hashes    []uint64
-	hashBlock int // block size the hashes were computed for, 0 = none
-	tail      []uint32
-	loraKey   uint64
 	// expectHit is what CachedPrefixTokens found on this replica at the
 	// Submit time (Load's estimate; 0 if nothing looked).
 	expectHit     int
@@ -577,6 +583,7 @@ func (r *Replica) prepareHashes(req *Request) {
 	if m != nil && full > len(m.hashes) {
 		m.hashes = append(m.hashes, req.hashes[len(m.hashes):full]...)
 	}
+	req.lastHash = parent
 	req.tail = append(req.tail[:0], req.Prompt[full*bs:]...)
 }
 
@@ -595,23 +602,25 @@ func (r *Replica) appendBlockHash(s *Request) {
 	if s.salt != 0 {
 		return // its blocks are counted in runs, not hashed
 	}
-	i := len(s.hashes)
-	parent := noneHash
-	if i > 0 {
-		parent = s.hashes[i-1]
-	}
 	bs := r.blockTokens
-	buf := r.tokScratch[:bs]
-	start := i * bs
-	tailStart := s.PromptTokens - len(s.tail)
-	for k := range buf {
-		if p := start + k; p < s.PromptTokens {
-			buf[k] = s.tail[p-tailStart]
-		} else {
-			buf[k] = OutputToken(s.OutputSeed, p-s.PromptTokens)
+	start := len(s.hashes) * bs
+	var h uint64
+	if start >= s.PromptTokens {
+		h = hashOutputBlock(s.lastHash, s.loraKey, s.OutputSeed, start-s.PromptTokens, bs)
+	} else {
+		buf := r.tokScratch[:bs]
+		tailStart := s.PromptTokens - len(s.tail)
+		for k := range buf {
+			if p := start + k; p < s.PromptTokens {
+				buf[k] = s.tail[p-tailStart]
+			} else {
+				buf[k] = OutputToken(s.OutputSeed, p-s.PromptTokens)
+			}
 		}
+		h = hashBlock(s.lastHash, s.loraKey, buf)
 	}
-	s.hashes = append(s.hashes, hashBlock(parent, s.loraKey, buf))
+	s.hashes = append(s.hashes, h)
+	s.lastHash = h
 }
 
 // longestHit appends to dst the cached blocks of the longest leading run of
@@ -954,8 +963,9 @@ func (r *Replica) cacheFullBlocks(s *Request, tokens int) {
 			r.pool.hashed += full - from
 		}
 	} else {
+		// The blocks it found cached at admission keep their hashes.
 		full = min(full, len(s.hashes))
-		for i := s.cachedBlocks; i < full; i++ {
+		for i := max(s.cachedBlocks, s.taggedBlocks); i < full; i++ {
 			r.pool.cache(s.table[i], s.hashes, i, &s.hashRun, r.blocksFor(s.PromptTokens+s.OutputTokens)-i)
 		}
 	}

@@ -122,6 +122,20 @@ func hashBlock(parent, extra uint64, tokens []uint32) uint64 {
 	return fmix64(h^uint64(len(tokens))) | 1 // never 0: hashIndex's empty key
 }
 
+// hashOutputBlock is hashBlock of the n generated tokens from the
+// from-th on (OutputToken(seed, from), ...), without writing them out.
+func hashOutputBlock(parent, extra, seed uint64, from, n int) uint64 {
+	h := parent ^ extra*0xff51afd7ed558ccd
+	i := 0
+	for ; i+1 < n; i += 2 {
+		h = mixWord(h, uint64(OutputToken(seed, from+i))|uint64(OutputToken(seed, from+i+1))<<32)
+	}
+	if i < n {
+		h = mixWord(h, uint64(OutputToken(seed, from+i))|1<<63)
+	}
+	return fmix64(h^uint64(n)) | 1
+}
+
 func mixWord(h, w uint64) uint64 {
 	h = (h ^ w) * 0x9fb21c651e98df25
 	return h ^ h>>29
