@@ -106,7 +106,8 @@ func (p *pluginContext) OnPluginStart(int) types.OnPluginStartStatus {
 }
 
 // OnTick forwards the root context's tick to a role that has periodic work
-// (the router's prefix index sync and flow control's releases).
+// (the router's snapshot re-read, prefix index sync and flow control's
+// releases: one tick period per root context, the shortest of theirs).
 func (p *pluginContext) OnTick() {
 	if t, ok := p.role.(interface{ OnTick() }); ok {
 		t.OnTick()

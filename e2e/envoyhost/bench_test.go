@@ -8,6 +8,7 @@ import (
 	"net/netip"
 	"os"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -179,9 +180,15 @@ func BenchmarkFilterCallbacksLargeN(b *testing.B) {
 
 // benchmarkMainPlugin runs the benchmark's request through the module
 // under pluginConfig at each of sizes endpoints; a variant ending in
-// "prompts=unique" numbers each request's prompt at its start.
+// "prompts=unique" numbers each request's prompt at its start. Each
+// request re-reads the snapshot itself ("snapshotRefreshInterval": "0s":
+// a directory read, nothing having changed), as every request did before
+// the tick took the re-read, so that these figures stay comparable with
+// the earlier ones and no tick's work lands in them however slowly the
+// benchmark runs; BenchmarkFilterCallbacksUnderRelays has the tick's way.
 func benchmarkMainPlugin(b *testing.B, code []byte, pluginConfig, variant string, sizes ...int) {
-	benchmarkMainPluginRelays(b, code, pluginConfig, variant, 0, func(n int) []*wire.MemStore {
+	pluginConfig = strings.Replace(pluginConfig, "{", `{"snapshotRefreshInterval": "0s", `, 1)
+	benchmarkMainPluginRelays(b, code, pluginConfig, variant, 0, false, func(n int) []*wire.MemStore {
 		// Stored "in the future": fresh however long the benchmark runs.
 		return []*wire.MemStore{benchSnapshot(b, n, time.Now().Add(time.Hour))}
 	}, sizes...)
@@ -190,15 +197,24 @@ func benchmarkMainPlugin(b *testing.B, code []byte, pluginConfig, variant string
 // benchmarkMainPluginRelays is benchmarkMainPlugin on the shared data
 // states(n) gives: the first is stored before the first request, and with
 // more than one, the next is stored before every relayEvery-th request,
-// in turn, as relays arriving between requests would leave it.
-func benchmarkMainPluginRelays(b *testing.B, code []byte, pluginConfig, variant string, relayEvery int,
+// in turn, as relays arriving between requests would leave it. With
+// ticks, the VM's tick timer never fires by itself (heldTicks): it fires
+// right after each relay is stored, before the requests that follow, as
+// the next tick after a relay would.
+func benchmarkMainPluginRelays(b *testing.B, code []byte, pluginConfig, variant string, relayEvery int, ticks bool,
 	states func(n int) []*wire.MemStore, sizes ...int) {
 	cfg, err := config.Decode([]byte(pluginConfig))
 	require.NoError(b, err)
 	for _, n := range sizes {
 		b.Run(fmt.Sprintf("endpoints=%d/%s", n, variant), func(b *testing.B) {
+			clock := &heldTicks{}
 			h := newHarness(b, trivialGuestPkg, withWorkers(1), withAllowStopIteration(), withPluginConfig(pluginConfig),
-				func(_ *Config, p *PluginConfig) { p.VM.Code = code })
+				func(c *Config, p *PluginConfig) {
+					p.VM.Code = code
+					if ticks {
+						c.Clock = clock
+					}
+				})
 			stored := states(n)
 			store := func(st *wire.MemStore) {
 				st.Each(func(key string, value []byte) { h.host.shared.set("test-vm", key, value, 0) })
@@ -217,8 +233,13 @@ func benchmarkMainPluginRelays(b *testing.B, code []byte, pluginConfig, variant 
 			var req *HeaderMap
 			b.ResetTimer()
 			for i := 0; i < b.N; i++ {
-				if len(stored) > 1 && i%relayEvery == 0 {
-					store(stored[(i/relayEvery+1)%len(stored)])
+				if relayEvery > 0 && i%relayEvery == 0 {
+					if len(stored) > 1 {
+						store(stored[(i/relayEvery+1)%len(stored)])
+					}
+					if ticks {
+						clock.fire()
+					}
 				}
 				if unique {
 					for k, v := numbered+7, i; k >= numbered; k, v = k-1, v/10 { // eight digits in place
@@ -250,28 +271,127 @@ func benchmarkMainPluginRelays(b *testing.B, code []byte, pluginConfig, variant 
 // BenchmarkFilterCallbacksUnderRelays is the decision tree's request
 // while relays rewrite the shared data between requests (2 endpoints to
 // an agent, as in bin/scalebench): a relay before every second request,
-// alternating two stored states, so every other request re-reads the
-// segments and the scheduler follows. values: every endpoint's values
-// differ between the two (the worst case, near the knee's); heartbeat:
-// the same values scraped later (an idle fleet's relays); none: no
-// relays (the same fleet, for comparison). Per request it includes the
-// host writing the relay's keys (BENCHMARKS.md, "Metrics path at scale").
+// alternating two stored states. values: every endpoint's values differ
+// between the two (the worst case, near the knee's); heartbeat: the same
+// values scraped later (an idle fleet's relays); none: no relays (the
+// same fleet, for comparison). refresh=request: every request re-reads
+// the snapshot ("snapshotRefreshInterval": "0s", as before the tick took
+// the re-read), so every other request re-reads the segments; tick: the
+// tick after each relay re-reads them and requests decide on that (the
+// tick's share is in the figure: BenchmarkRouterTicksUnderRelays has it
+// alone). Per request it includes the host writing the relay's keys
+// (BENCHMARKS.md, "Metrics path at scale").
 func BenchmarkFilterCallbacksUnderRelays(b *testing.B) {
 	code, err := os.ReadFile(wasmbuild.Plugin(b))
 	require.NoError(b, err)
-	pluginConfig := `{"models": [{"name": "chat", "criticality": "Standard"}], "scheduler": {"profile": "decision-tree"}}`
+	for _, refresh := range []string{"request", "tick"} {
+		pluginConfig := `{"models": [{"name": "chat", "criticality": "Standard"}], "scheduler": {"profile": "decision-tree"}, "snapshotRefreshInterval": "` + map[string]string{"request": "0s", "tick": tickBenchRefresh}[refresh] + `"}`
+		for _, pattern := range []string{"none", "values", "heartbeat"} {
+			benchmarkMainPluginRelays(b, code, pluginConfig, "relays="+pattern+"/refresh="+refresh, 2, refresh == "tick", relayStates(b, pattern), 1000, 5000)
+		}
+	}
+}
+
+// tickBenchRefresh is the refresh interval of the benchmarks' ticks: as
+// long as staleAfter allows, so that a request, however slowly the
+// benchmark runs (cachegrind), decides on the last tick's re-read
+// instead of re-reading itself (the bound is twice this).
+const tickBenchRefresh = "500ms"
+
+// BenchmarkRouterTicksUnderRelays is what a router VM's tick costs after
+// each relay of BenchmarkFilterCallbacksUnderRelays (one per iteration:
+// the relay stored, then the tick that re-reads it), without requests.
+// none: ticks that find nothing new (a directory read).
+func BenchmarkRouterTicksUnderRelays(b *testing.B) {
+	code, err := os.ReadFile(wasmbuild.Plugin(b))
+	require.NoError(b, err)
+	pluginConfig := `{"models": [{"name": "chat", "criticality": "Standard"}], "scheduler": {"profile": "decision-tree"}, "snapshotRefreshInterval": "` + tickBenchRefresh + `"}`
 	for _, pattern := range []string{"none", "values", "heartbeat"} {
-		benchmarkMainPluginRelays(b, code, pluginConfig, "relays="+pattern, 2, func(n int) []*wire.MemStore {
-			now := time.Now().Add(time.Hour)
-			st := []*wire.MemStore{relayedSnapshot(b, n, now, 0, nil)}
-			switch pattern {
-			case "values":
-				st = append(st, relayedSnapshot(b, n, now.Add(50*time.Millisecond), 1, st[0]))
-			case "heartbeat":
-				st = append(st, relayedSnapshot(b, n, now.Add(50*time.Millisecond), 0, st[0]))
-			}
-			return st
-		}, 1000, 5000)
+		for _, n := range []int{1000, 5000} {
+			b.Run(fmt.Sprintf("endpoints=%d/relays=%s", n, pattern), func(b *testing.B) {
+				clock := &heldTicks{}
+				h := newHarness(b, trivialGuestPkg, withWorkers(1), withAllowStopIteration(), withPluginConfig(pluginConfig),
+					func(c *Config, p *PluginConfig) { p.VM.Code = code; c.Clock = clock })
+				stored := relayStates(b, pattern)(n)
+				store := func(st *wire.MemStore) {
+					st.Each(func(key string, value []byte) { h.host.shared.set("test-vm", key, value, 0) })
+				}
+				store(stored[0])
+				vm, _ := workerVM(b, h)
+				clock.fire()
+				b.ResetTimer()
+				for i := 0; i < b.N; i++ {
+					if len(stored) > 1 {
+						store(stored[(i+1)%len(stored)])
+					}
+					clock.fire()
+				}
+				b.StopTimer()
+				require.False(b, vm.Failed())
+				decodes, _ := h.host.StatValue("wasmcustom.wasm_epp.snapshot.decodes")
+				if len(stored) > 1 {
+					require.GreaterOrEqual(b, decodes, uint64(b.N), "every tick re-read its relay")
+				}
+			})
+		}
+	}
+}
+
+// relayStates is the shared data of BenchmarkFilterCallbacksUnderRelays'
+// pattern at n endpoints.
+func relayStates(b *testing.B, pattern string) func(n int) []*wire.MemStore {
+	return func(n int) []*wire.MemStore {
+		now := time.Now().Add(time.Hour)
+		st := []*wire.MemStore{relayedSnapshot(b, n, now, 0, nil)}
+		switch pattern {
+		case "values":
+			st = append(st, relayedSnapshot(b, n, now.Add(50*time.Millisecond), 1, st[0]))
+		case "heartbeat":
+			st = append(st, relayedSnapshot(b, n, now.Add(50*time.Millisecond), 0, st[0]))
+		}
+		return st
+	}
+}
+
+// heldTicks is the benchmarks' host clock: wall time as usual, but the
+// tick timers the VM arms (envoy source/extensions/common/wasm/wasm.cc
+// setTickPeriod, re-armed by tickHandler after each on_tick) fire only
+// when the benchmark calls fire, so a tick comes exactly where the
+// benchmark puts it, however slowly it runs.
+type heldTicks struct {
+	mu      sync.Mutex
+	pending []*heldTimer
+}
+
+type heldTimer struct {
+	f       func()
+	stopped bool
+}
+
+func (t *heldTimer) Stop() bool { was := !t.stopped; t.stopped = true; return was }
+
+func (c *heldTicks) Now() time.Time { return time.Now() }
+
+func (c *heldTicks) AfterFunc(_ time.Duration, f func()) Timer {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	t := &heldTimer{f: f}
+	c.pending = append(c.pending, t)
+	return t
+}
+
+// fire runs every timer armed and not stopped (the VM's tick: the host's
+// handler re-arms it, which fire leaves for the next call).
+func (c *heldTicks) fire() {
+	c.mu.Lock()
+	due := c.pending
+	c.pending = nil
+	c.mu.Unlock()
+	for _, t := range due {
+		if !t.stopped {
+			t.stopped = true
+			t.f()
+		}
 	}
 }
 

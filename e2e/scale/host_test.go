@@ -20,6 +20,7 @@ import (
 	"github.com/wasm-epp/wasm-epp/e2e/envoyhost"
 	"github.com/wasm-epp/wasm-epp/e2e/internal/hosttest"
 	"github.com/wasm-epp/wasm-epp/e2e/internal/wasmbuild"
+	"github.com/wasm-epp/wasm-epp/plugin/config"
 	"github.com/wasm-epp/wasm-epp/scheduler"
 	"github.com/wasm-epp/wasm-epp/scheduler/wire"
 )
@@ -122,6 +123,12 @@ func (e *hostEnv) agent(id string, seq uint64, marker uint32, n int, base byte) 
 	require.NoError(e.t, err)
 	return b
 }
+
+// visible waits until every router VM decides on what was stored before
+// the call: a VM re-reads shared data on its tick (snapshotRefreshInterval),
+// and a request re-reads it itself once the last re-read is older than
+// twice that, so after twice the interval a request has seen it either way.
+func (e *hostEnv) visible() { time.Sleep(2*config.DefaultSnapshotRefresh + 2*time.Millisecond) }
 
 // snapshot reads the host's shared data as a router VM does.
 func (e *hostEnv) snapshot() *scheduler.Snapshot {
@@ -252,6 +259,7 @@ func TestEndpointStopsBeingReportedAgesOut(t *testing.T) {
 	}
 	assert.True(t, seen["llm/node-a-2"], "the third endpoint takes requests: %v", seen)
 	require.Equal(t, 204, e.post(e.agent("node-a", 2, 0, 2, 1)))
+	e.visible()
 	for i := 0; i < 60; i++ {
 		code, by := e.route("chat")
 		require.Equal(t, 200, code)
@@ -279,6 +287,7 @@ func TestDisappearedAgentLeavesNothingAfterStaleAfter(t *testing.T) {
 	assert.Equal(t, "node-live-0", snap.Endpoints[0].ID.Name)
 	_, after := e.sharedBytes()
 	assert.Less(t, after, before, "its bytes are gone too")
+	e.visible()
 	for i := 0; i < 30; i++ {
 		code, by := e.route("chat")
 		require.Equal(t, 200, code)

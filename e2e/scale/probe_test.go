@@ -53,6 +53,7 @@ func TestProbeAdapterRoutesToTheProbeOncePushed(t *testing.T) {
 		require.Equal(t, 200, code)
 		assert.NotEqual(t, "llm/"+ProbeName, by, "not pushed yet")
 		require.Equal(t, 204, e.post(b))
+		e.visible()
 		code, by = e.route(a)
 		require.Equal(t, 200, code)
 		assert.Equal(t, "llm/"+ProbeName, by, "pushed")

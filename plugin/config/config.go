@@ -64,9 +64,15 @@ const (
 
 // Defaults.
 const (
-	DefaultMaxBodyBytes        = 1 << 20
-	DefaultMaxModelNameLength  = 256
-	DefaultStaleAfter          = 2 * time.Second
+	DefaultMaxBodyBytes       = 1 << 20
+	DefaultMaxModelNameLength = 256
+	DefaultStaleAfter         = 2 * time.Second
+	// DefaultSnapshotRefresh is snapshotRefreshInterval's default: well
+	// under a relay interval (50 ms), and the default flow-control
+	// releaseInterval, so the two share every tick.
+	DefaultSnapshotRefresh = 20 * time.Millisecond
+	// MaxSnapshotRefresh bounds snapshotRefreshInterval.
+	MaxSnapshotRefresh         = time.Second
 	DefaultDestinationHeader   = "x-gateway-destination-endpoint"
 	DefaultSharedDataKeyPrefix = wire.DefaultKeyPrefix
 	DefaultReceiverPath        = wire.PushPath
@@ -102,6 +108,12 @@ type Config struct {
 	// StaleAfter: endpoints whose metrics are older are not scheduled on.
 	StaleAfter          Duration              `json:"staleAfter,omitempty"`
 	WhenNoFreshEndpoint NoFreshEndpointPolicy `json:"whenNoFreshEndpoint,omitempty"`
+	// SnapshotRefreshInterval is how often each worker VM's tick re-reads
+	// the snapshot from shared data; a request re-reads it itself only
+	// when the last re-read is older than twice this (ticks late or not
+	// delivered). "0s": every request re-reads (no tick for it). Absent:
+	// DefaultSnapshotRefresh. Use SnapshotRefresh for the value.
+	SnapshotRefreshInterval *Duration `json:"snapshotRefreshInterval,omitempty"`
 
 	DestinationHeader string `json:"destinationHeader,omitempty"`
 	// TargetPort, when non-zero, replaces the port reported for every
@@ -311,6 +323,10 @@ func (c *Config) applyDefaults() {
 	if c.StaleAfter == 0 {
 		c.StaleAfter = Duration(DefaultStaleAfter)
 	}
+	if c.SnapshotRefreshInterval == nil {
+		d := Duration(DefaultSnapshotRefresh)
+		c.SnapshotRefreshInterval = &d
+	}
 	if c.WhenNoFreshEndpoint == "" {
 		c.WhenNoFreshEndpoint = NoFreshFailOpen
 	}
@@ -379,6 +395,13 @@ func (c *Config) validate() error {
 	}
 	if c.StaleAfter < 0 {
 		return &Error{Path: "staleAfter", Msg: "must be positive"}
+	}
+	if d := c.SnapshotRefresh(); d != 0 && (d < time.Millisecond || d > MaxSnapshotRefresh) {
+		return &Error{Path: "snapshotRefreshInterval", Msg: fmt.Sprintf("%s is outside [1ms, %s] (\"0s\": every request re-reads the snapshot)", d, MaxSnapshotRefresh)}
+	} else if d%time.Millisecond != 0 {
+		return &Error{Path: "snapshotRefreshInterval", Msg: fmt.Sprintf("%s is not a whole number of milliseconds (the tick's unit)", d)}
+	} else if 4*d > time.Duration(c.StaleAfter) {
+		return &Error{Path: "snapshotRefreshInterval", Msg: fmt.Sprintf("%s is more than a quarter of staleAfter (%s): a router's snapshot may be twice the interval old, and fresh endpoints would look stale", d, time.Duration(c.StaleAfter))}
 	}
 	if c.TargetPort < 0 || c.TargetPort > 65535 {
 		return &Error{Path: "targetPort", Msg: "must be in [0, 65535] (0 keeps the reported port)"}
@@ -502,6 +525,15 @@ func validHeaderName(h string) bool {
 		}
 	}
 	return true
+}
+
+// SnapshotRefresh is SnapshotRefreshInterval with its default applied (0:
+// every request re-reads the snapshot).
+func (c *Config) SnapshotRefresh() time.Duration {
+	if c.SnapshotRefreshInterval == nil {
+		return DefaultSnapshotRefresh
+	}
+	return time.Duration(*c.SnapshotRefreshInterval)
 }
 
 // AdmissionKey is the shared-data key of flow control's admission record

@@ -141,6 +141,12 @@ func TestDecodeErrors(t *testing.T) {
 		{"stale", `{"staleAfter": "soon"}`, `plugin configuration: staleAfter: expected a duration such as "2s", got "soon"`},
 		{"stale number", `{"staleAfter": 2}`, `plugin configuration: staleAfter: expected a duration such as "2s", got 2`},
 		{"negative stale", `{"staleAfter": "-1s"}`, "staleAfter: must be positive"},
+		{"refresh not a duration", `{"snapshotRefreshInterval": 20}`, `snapshotRefreshInterval: expected a duration such as "2s", got 20`},
+		{"refresh negative", `{"snapshotRefreshInterval": "-20ms"}`, `snapshotRefreshInterval: -20ms is outside [1ms, 1s] ("0s": every request re-reads the snapshot)`},
+		{"refresh too short", `{"snapshotRefreshInterval": "500us"}`, `snapshotRefreshInterval: 500µs is outside [1ms, 1s]`},
+		{"refresh too long", `{"snapshotRefreshInterval": "2s", "staleAfter": "10s"}`, `snapshotRefreshInterval: 2s is outside [1ms, 1s]`},
+		{"refresh not whole ms", `{"snapshotRefreshInterval": "1500us"}`, "snapshotRefreshInterval: 1.5ms is not a whole number of milliseconds"},
+		{"refresh over staleAfter", `{"snapshotRefreshInterval": "200ms", "staleAfter": "500ms"}`, "snapshotRefreshInterval: 200ms is more than a quarter of staleAfter (500ms)"},
 		{"body limit", `{"maxBodyBytes": -1}`, "maxBodyBytes: must be in"},
 		{"port", `{"targetPort": 70000}`, "targetPort: must be in"},
 		{"header", `{"destinationHeader": "X-Dest"}`, "destinationHeader: \"X-Dest\" is not a lower-case"},
@@ -199,5 +205,21 @@ func TestDecodeStrictNames(t *testing.T) {
 		var cfgErr *Error
 		require.ErrorAs(t, err, &cfgErr, tc.doc)
 		assert.Equal(t, tc.want, err.Error(), tc.doc)
+	}
+}
+
+func TestSnapshotRefreshInterval(t *testing.T) {
+	for _, tc := range []struct {
+		doc  string
+		want time.Duration
+	}{
+		{`{}`, DefaultSnapshotRefresh},
+		{`{"snapshotRefreshInterval": "0s"}`, 0},
+		{`{"snapshotRefreshInterval": "5ms"}`, 5 * time.Millisecond},
+		{`{"snapshotRefreshInterval": "500ms"}`, 500 * time.Millisecond},
+	} {
+		c, err := Decode([]byte(tc.doc))
+		require.NoError(t, err, tc.doc)
+		assert.Equal(t, tc.want, c.SnapshotRefresh(), tc.doc)
 	}
 }

@@ -17,22 +17,34 @@ type clock struct {
 	epoch time.Time
 	// inject replaces the wall clock (tests); nil means time.Now.
 	inject func() time.Time
+	// injectMono replaces Since (tests); nil means time.Since(epoch).
+	injectMono func() time.Duration
 	// now is the wall-clock time of the decision being made: what the
 	// scheduler's clock returns. mono is Since at that moment.
 	now  time.Time
 	mono time.Duration
 }
 
-func newClock(inject func() time.Time) clock { return clock{epoch: time.Now(), inject: inject} }
+func newClock(inject func() time.Time, mono func() time.Duration) clock {
+	return clock{epoch: time.Now(), inject: inject, injectMono: mono}
+}
 
 // Since is the monotonic time since the router started: one host call.
-func (c *clock) Since() time.Duration { return time.Since(c.epoch) }
+func (c *clock) Since() time.Duration {
+	if c.injectMono != nil {
+		return c.injectMono()
+	}
+	return time.Since(c.epoch)
+}
 
 // Decide reads the clock for the decision about to be made (Now, Mono)
 // and returns Mono.
 func (c *clock) Decide() time.Duration {
 	now := time.Now()
 	c.now, c.mono = now, now.Sub(c.epoch)
+	if c.injectMono != nil {
+		c.mono = c.injectMono()
+	}
 	if c.inject != nil {
 		c.now = c.inject()
 	}

@@ -36,6 +36,7 @@ func (e *env) setConfigGen(gen uint64) {
 	w := wire.NewWriter(wire.NewKeys(e.cfg.SharedDataKeyPrefix), wire.Limits{}, time.Hour)
 	_, err := w.SetConfigGen(shareddata.Store{}, gen)
 	require.NoError(e.t, err)
+	e.refreshed()
 }
 
 func targets(ts ...any) []wire.WeightedTarget {

@@ -92,7 +92,12 @@
 //
 // # Snapshot
 //
-// Every request reads one small key, the v2 directory (Router.snapshot,
+// The root context's tick re-reads the snapshot every
+// snapshotRefreshInterval (Router.OnTick), and requests decide on what it
+// read (Router.current): a request re-reads only when the last re-read is
+// older than twice the interval (ticks late or not delivered), when the
+// snapshot is empty, or with the interval "0s" (every request then). A
+// re-read reads one small key, the v2 directory (Router.snapshot,
 // wire.Cache.Refresh); only the segments whose generation moved are read
 // again, and their endpoints are rewritten in place in this VM's snapshot
 // (the scheduler's index is told what moved). A segment that fails to
@@ -120,6 +125,9 @@
 //	                                "/" written as "."), defined at start
 //	wasm_epp.snapshot.decodes       counter: snapshots decoded (once per change per VM)
 //	wasm_epp.snapshot.decode_errors counter: stored snapshots that failed to decode
+//	wasm_epp.snapshot.request_refreshes counter: requests that re-read the snapshot
+//	                                themselves (the tick's last re-read older than
+//	                                twice snapshotRefreshInterval)
 //	wasm_epp.snapshot.age_ms        gauge: now minus the snapshot's newest push
 //	wasm_epp.snapshot.endpoints     gauge: endpoints in the current snapshot
 //	wasm_epp.schedule_us            histogram: time spent in the scheduler per request

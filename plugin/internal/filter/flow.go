@@ -260,7 +260,7 @@ func (g *flowGate) tick() {
 	now := r.clock.Since()
 	g.queue.Expire(now, g.expired)
 	if g.queue.Len() > 0 {
-		g.release(r.snapshot(), false)
+		g.release(r.reread(now), false)
 	}
 	g.publish()
 }

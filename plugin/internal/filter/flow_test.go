@@ -420,12 +420,15 @@ func TestTickShared(t *testing.T) {
 	for now := time.Duration(0); now < 5*time.Millisecond; now += time.Millisecond {
 		assert.True(t, q.due(now, tick, tick), "work on the tick's own period runs on every tick")
 	}
-	e := newEnv(t, `{"flowControl": {"releaseInterval": "35ms"}}`)
+	e := newEnv(t, `{"flowControl": {"releaseInterval": "35ms"}, "snapshotRefreshInterval": "0s"}`)
 	_ = e
 	r, err := NewRouter(e.cfg, Options{})
 	require.NoError(t, err)
 	assert.Equal(t, 35*time.Millisecond, r.TickPeriod())
-	off, err := NewRouter(mustDecode(t, `{}`), Options{})
+	shared, err := NewRouter(mustDecode(t, `{"flowControl": {"releaseInterval": "35ms"}}`), Options{})
+	require.NoError(t, err)
+	assert.Equal(t, config.DefaultSnapshotRefresh, shared.TickPeriod(), "the snapshot's re-read shares the tick")
+	off, err := NewRouter(mustDecode(t, `{"snapshotRefreshInterval": "0s"}`), Options{})
 	require.NoError(t, err)
 	assert.Zero(t, off.TickPeriod(), "no periodic work, no tick")
 }

@@ -49,6 +49,7 @@ type env struct {
 	seq     uint64
 	version uint64 // of the configuration record (crdtable_test.go)
 	reset   func()
+	vm      *testVM
 }
 
 // close releases the emulator: proxytest is a process-wide singleton, so a
@@ -65,9 +66,14 @@ func (e *env) close() {
 type testVM struct {
 	types.DefaultVMContext
 	opts Options
+	// root is the last plugin context created.
+	root *testRoot
 }
 
-func (v *testVM) NewPluginContext(uint32) types.PluginContext { return &testRoot{opts: v.opts} }
+func (v *testVM) NewPluginContext(uint32) types.PluginContext {
+	v.root = &testRoot{opts: v.opts}
+	return v.root
+}
 
 type testRoot struct {
 	types.DefaultPluginContext
@@ -113,14 +119,15 @@ func startEnvWith(t *testing.T, cfgJSON string, opts Options, more func(*proxyte
 	t.Helper()
 	clock := &fakeClock{now: t0}
 	opts.Now = clock.Now
+	vm := &testVM{opts: opts}
 	emu := proxytest.NewEmulatorOption().
-		WithVMContext(&testVM{opts: opts}).
+		WithVMContext(vm).
 		WithPluginConfiguration([]byte(cfgJSON))
 	if more != nil {
 		emu = more(emu)
 	}
 	host, reset := proxytest.NewHostEmulator(emu)
-	e := &env{t: t, host: host, clock: clock, reset: reset}
+	e := &env{t: t, host: host, clock: clock, reset: reset, vm: vm}
 	t.Cleanup(e.close)
 	if cfg, err := config.Decode([]byte(cfgJSON)); err == nil {
 		e.cfg = cfg
@@ -130,8 +137,16 @@ func startEnvWith(t *testing.T, cfgJSON string, opts Options, more func(*proxyte
 }
 
 // setPods stores pods as one agent's push, through the receiver's own
-// write path (scheduler/wire.Writer), at the fake clock's time.
+// write path (scheduler/wire.Writer), at the fake clock's time, and runs
+// the router's re-read as the next tick would (refreshed).
 func (e *env) setPods(pods ...pod) {
+	e.t.Helper()
+	e.writePods("node-1", pods...)
+	e.refreshed()
+}
+
+// writePods stores pods as agent's push, as setPods, with no re-read.
+func (e *env) writePods(agent string, pods ...pod) {
 	e.t.Helper()
 	if e.writer == nil {
 		e.writer = wire.NewWriter(wire.NewKeys(e.cfg.SharedDataKeyPrefix), wire.Limits{}, time.Hour)
@@ -139,10 +154,22 @@ func (e *env) setPods(pods ...pod) {
 	}
 	e.seq++
 	var enc wire.BlockEncoder
-	b, err := enc.AppendAgentPush(nil, &wire.Push{AgentID: "node-1", Seq: e.seq, SendTime: e.clock.now, Endpoints: podStates(e.clock.now, pods...)}, wire.Limits{})
+	b, err := enc.AppendAgentPush(nil, &wire.Push{AgentID: agent, Seq: e.seq, SendTime: e.clock.now, Endpoints: podStates(e.clock.now, pods...)}, wire.Limits{})
 	require.NoError(e.t, err)
 	_, err = e.writer.Apply(shareddata.Store{}, b, e.clock.now)
 	require.NoError(e.t, err)
+}
+
+// refreshed runs the router's re-read as its tick does after a write to
+// shared data (the tick's other work, flow control's releases, is left to
+// the tests' own host.Tick calls), so the next request decides on what
+// was written. The env's writes call it; a test that writes shared data
+// itself calls it to mean "a tick came since".
+func (e *env) refreshed() {
+	if e.vm.root != nil && e.vm.root.router != nil {
+		r := e.vm.root.router
+		r.refreshShared(r.clock.Since())
+	}
 }
 
 // corruptSegment overwrites the segment holding node-1 with value and
@@ -159,6 +186,7 @@ func (e *env) corruptSegment(value []byte) {
 	d.Gen++
 	d.Entries[k].Gen++
 	require.NoError(e.t, proxywasm.SetSharedData(keys.Dir, wire.AppendDirectory(nil, &d), 0))
+	e.refreshed()
 }
 
 func setShared(t *testing.T, key string, value []byte) {

@@ -188,7 +188,7 @@ func (c *httpContext) onRequestHeaders(endOfStream bool) types.Action {
 			return c.refuse(outBadRequest, string(ReasonEmptyBody),
 				"the request body is empty: expected a JSON object with a \"model\" field")
 		}
-		return c.route(nil, nil, nil, "", r.snapshot())
+		return c.route(nil, nil, nil, "", r.current(c.start))
 	}
 	if cl, err := proxywasm.GetHttpRequestHeaderInto(r.headerBuf[:0], "content-length"); err == nil {
 		if n, ok := parseDecimal(cl); ok && n > uint64(r.cfg.MaxBodyBytes) {
@@ -223,7 +223,7 @@ func (c *httpContext) onRequestBody(bodySize int, endOfStream bool) types.Action
 	if err != nil {
 		return c.failInternal("cannot read the request body", err)
 	}
-	snap := r.refreshShared() // metrics and the model table from Kubernetes objects
+	snap := r.current(c.start) // metrics and the model table from Kubernetes objects
 	p, err := parseRequest(body, r.cfg.MaxModelNameLength, r.knownModel)
 	if err != nil {
 		e := err.(*RequestError)

@@ -14,7 +14,9 @@ import (
 	"github.com/wasm-epp/wasm-epp/plugin/internal/proxywasm"
 )
 
-const prefixConfig = `{"models": [{"name": "chat", "criticality": "Critical"}], "scheduler": {"profile": "prefix-aware"}}`
+// prefixConfig re-reads the snapshot on the prefix index's own period, so
+// every host.Tick runs the prefix sync.
+const prefixConfig = `{"models": [{"name": "chat", "criticality": "Critical"}], "scheduler": {"profile": "prefix-aware"}, "snapshotRefreshInterval": "50ms"}`
 
 func fourPods() []pod {
 	return []pod{{name: "a", addr: "10.0.0.1"}, {name: "b", addr: "10.0.0.2"}, {name: "c", addr: "10.0.0.3"}, {name: "d", addr: "10.0.0.4"}}

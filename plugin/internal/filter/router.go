@@ -25,6 +25,10 @@ type Options struct {
 	// the wall clock (WASI clock_time_get in the .wasm), read once per
 	// scheduling decision.
 	Now func() time.Time
+	// Mono replaces the monotonic clock callbacks are timed on and the
+	// snapshot's re-reads are paced by (tests); nil means the time since
+	// the router started.
+	Mono func() time.Duration
 	// LogLevel asks the host for its log level (decides whether decisions
 	// are logged at debug); nil means proxywasm.GetLogLevel. Native tests
 	// and benchmarks set it: proxytest always reports trace.
@@ -88,6 +92,14 @@ type Router struct {
 	cache    *wire.Cache
 	snap     *scheduler.Snapshot
 	identity uint64
+	// refreshEvery is how often the tick re-reads the snapshot (0: every
+	// request does); refreshedAt is when the last re-read began
+	// (clock.Since), refreshed whether one ran yet. A request decides on
+	// what the last re-read found unless that is older than
+	// 2*refreshEvery (current).
+	refreshEvery time.Duration
+	refreshedAt  time.Duration
+	refreshed    bool
 
 	// req is reused for every request (the scheduler keeps no reference).
 	req scheduler.Request
@@ -120,8 +132,9 @@ type Router struct {
 	// flow holds requests without capacity (flow.go); nil when flow control
 	// is off.
 	flow *flowGate
-	// prefixTick and flowTick time the work sharing the tick (OnTick).
-	prefixTick, flowTick periodic
+	// refreshTick, prefixTick and flowTick time the work sharing the tick
+	// (OnTick).
+	refreshTick, prefixTick, flowTick periodic
 	// lastFailOpenWarn rate-limits the fail-open warning.
 	lastFailOpenWarn time.Time
 	lastAgeSet       time.Time
@@ -143,10 +156,13 @@ type target struct {
 }
 
 type metrics struct {
-	outcomes      [numOutcomes]proxywasm.MetricCounter
-	paths         map[string]proxywasm.MetricCounter
-	decodes       proxywasm.MetricCounter
-	decodeErrors  proxywasm.MetricCounter
+	outcomes     [numOutcomes]proxywasm.MetricCounter
+	paths        map[string]proxywasm.MetricCounter
+	decodes      proxywasm.MetricCounter
+	decodeErrors proxywasm.MetricCounter
+	// lateRefreshes counts requests that re-read the snapshot themselves
+	// because the tick's last re-read was older than its bound.
+	lateRefreshes proxywasm.MetricCounter
 	refreshMicro  proxywasm.MetricHistogram
 	scheduleMicro proxywasm.MetricHistogram
 	requestMicro  proxywasm.MetricHistogram
@@ -162,14 +178,15 @@ func NewRouter(cfg *config.Config, opts Options) (*Router, error) {
 		opts.LogLevel = proxywasm.GetLogLevel
 	}
 	r := &Router{
-		cfg:         cfg,
-		rnd:         rand.New(rand.NewPCG(seed1, seed2^0x5eed)),
-		clock:       newClock(opts.Now),
-		logLevel:    logLevel{ask: opts.LogLevel},
-		headerBuf:   make([]byte, 0, 32),
-		models:      make(map[string]*model, len(cfg.Models)),
-		passthrough: model{crit: scheduler.Sheddable},
-		cache:       wire.NewCache(wire.NewKeys(cfg.SharedDataKeyPrefix), wire.Limits{}),
+		cfg:          cfg,
+		rnd:          rand.New(rand.NewPCG(seed1, seed2^0x5eed)),
+		clock:        newClock(opts.Now, opts.Mono),
+		logLevel:     logLevel{ask: opts.LogLevel},
+		headerBuf:    make([]byte, 0, 32),
+		models:       make(map[string]*model, len(cfg.Models)),
+		passthrough:  model{crit: scheduler.Sheddable},
+		cache:        wire.NewCache(wire.NewKeys(cfg.SharedDataKeyPrefix), wire.Limits{}),
+		refreshEvery: cfg.SnapshotRefresh(),
 	}
 	r.snap = &scheduler.Snapshot{}
 	s, err := scheduler.New(cfg.SchedulerConfig, scheduler.NewRegistry(), scheduler.Options{
@@ -245,6 +262,7 @@ func (r *Router) defineMetrics() {
 	}
 	r.m.decodes = proxywasm.DefineCounterMetric("wasm_epp.snapshot.decodes")
 	r.m.decodeErrors = proxywasm.DefineCounterMetric("wasm_epp.snapshot.decode_errors")
+	r.m.lateRefreshes = proxywasm.DefineCounterMetric("wasm_epp.snapshot.request_refreshes")
 	r.m.refreshMicro = proxywasm.DefineHistogramMetric("wasm_epp.snapshot.refresh_us")
 	vmmem.Define()
 	r.m.scheduleMicro = proxywasm.DefineHistogramMetric("wasm_epp.schedule_us")
@@ -279,13 +297,19 @@ func (r *Router) recycle(c *httpContext) {
 }
 
 // OnTick is the root context's tick, shared by the router's periodic work:
-// the prefix index syncs with the other worker VMs, and flow control
-// expires and releases held requests (flow.go). The tick runs at the
-// shorter of their periods; each runs when its own period has come (to
-// the nearest tick).
+// the snapshot is re-read from shared data (so requests decide on what
+// the tick read instead of each re-reading after a relay), the prefix
+// index syncs with the other worker VMs, and flow control expires and
+// releases held requests (flow.go). The tick runs at the shortest of
+// their periods; each runs when its own period has come (to the nearest
+// tick).
 func (r *Router) OnTick() {
 	now := r.clock.Since()
 	tick := r.TickPeriod()
+	if r.refreshEvery > 0 && r.refreshTick.due(now, r.refreshEvery, tick) {
+		vmmem.Maybe()
+		r.refreshShared(now)
+	}
 	if r.prefix != nil && r.prefixTick.due(now, r.prefix.TickPeriod(), tick) {
 		r.prefix.Tick()
 	}
@@ -298,7 +322,7 @@ func (r *Router) OnTick() {
 // of its periodic work.
 func (r *Router) TickPeriod() time.Duration {
 	var p time.Duration
-	for _, d := range []time.Duration{r.prefixPeriod(), r.flowPeriod()} {
+	for _, d := range []time.Duration{r.refreshEvery, r.prefixPeriod(), r.flowPeriod()} {
 		if d > 0 && (p == 0 || d < p) {
 			p = d
 		}
@@ -485,32 +509,70 @@ func (r *Router) requestObjective(a *activeTable) scheduler.Criticality {
 	return scheduler.Critical
 }
 
+// maxRefreshAge is how old the last re-read may be for a request to
+// decide on it without re-reading: two tick periods, so a tick that comes
+// late by less than its period (the host re-arms the timer after each
+// tick, and a worker busy with other streams runs it later) costs no
+// request a re-read, and ticks that stop leave requests re-reading, as
+// without ticks.
+func (r *Router) maxRefreshAge() time.Duration { return 2 * r.refreshEvery }
+
+// current returns the snapshot a callback that began at now (clock.Since)
+// decides on, with the Kubernetes model table current with it: what the
+// last re-read found (the tick's, normally) when it began at most
+// maxRefreshAge before now; otherwise it re-reads (refreshShared). An
+// empty snapshot is always re-read (a directory read: cheap), so the
+// first push after a start routes at once instead of up to a bound later.
+func (r *Router) current(now time.Duration) *scheduler.Snapshot {
+	vmmem.Maybe()
+	if r.refreshEvery > 0 && r.refreshed && len(r.snap.Endpoints) > 0 {
+		if age := now - r.refreshedAt; age >= 0 && age <= r.maxRefreshAge() {
+			return r.snap
+		}
+		r.m.lateRefreshes.Increment(1)
+	}
+	return r.refreshShared(now)
+}
+
+// reread returns the snapshot re-read in the tick at now: the tick's own
+// re-read when it ran in this tick, else a new one. Flow control's
+// releases re-read on every releaseInterval (README), however the
+// snapshot's own refresh is paced.
+func (r *Router) reread(now time.Duration) *scheduler.Snapshot {
+	if r.refreshed && r.refreshedAt == now {
+		return r.snap
+	}
+	return r.refreshShared(now)
+}
+
 // refreshShared brings the snapshot and the Kubernetes model table up to
 // date with one shared-data read when nothing changed: the directory names
-// both the segments' and the configuration record's generations.
-func (r *Router) refreshShared() *scheduler.Snapshot {
+// both the segments' and the configuration record's generations. now is
+// when the caller's callback began (clock.Since).
+func (r *Router) refreshShared(now time.Duration) *scheduler.Snapshot {
 	snap := r.snapshot()
 	gen, known := r.cache.ConfigGen()
 	r.crd.refresh(gen, known)
+	r.refreshedAt, r.refreshed = now, true
 	return snap
 }
 
-// snapshot returns the current snapshot. One small shared-data read (the
+// snapshot re-reads the snapshot. One small shared-data read (the
 // directory) tells whether anything changed since this VM last looked;
 // only then are the changed segments read and their endpoints rewritten.
+// Callers go through refreshShared (current, OnTick).
 func (r *Router) snapshot() *scheduler.Snapshot {
 	start := r.clock.Since()
-	vmmem.Maybe()
 	snap, changed, err := r.cache.Refresh(shareddata.Store{})
 	if err != nil {
 		r.m.decodeErrors.Increment(1)
 		logSnapshotError(err)
 	}
+	r.snap = snap
 	if !changed {
 		return snap
 	}
 	r.m.decodes.Increment(1)
-	r.snap = snap
 	if id := r.cache.Identity(); id != r.identity || len(r.dests) != len(snap.Endpoints) {
 		// Endpoints came, went or moved: formatted destinations are stale.
 		r.identity = id

@@ -1,0 +1,156 @@
+package filter
+
+import (
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"github.com/tetratelabs/proxy-wasm-go-sdk/proxywasm/types"
+
+	"github.com/wasm-epp/wasm-epp/plugin/config"
+)
+
+// monoClock is the router's monotonic clock in these tests.
+type monoClock struct{ now time.Duration }
+
+func (m *monoClock) since() time.Duration { return m.now }
+
+// refreshEnv starts the router with cfg on a monotonic clock the test
+// moves, with two pods: a idle, b loaded (requests go to a).
+func refreshEnv(t *testing.T, cfg string) (*env, *monoClock) {
+	t.Helper()
+	mono := &monoClock{now: time.Second}
+	e, status := startEnvOpts(t, cfg, Options{Mono: mono.since})
+	require.Equal(t, types.OnPluginStartStatusOK, status, "plugin start; error logs: %v", e.host.GetCriticalLogs())
+	e.setPods(pod{name: "a", addr: "10.0.0.1"}, pod{name: "b", addr: "10.0.0.2", waiting: 5})
+	return e, mono
+}
+
+// swapLoad stores the pods with the load moved to the other one, as a
+// relay would, without a tick; toB: requests should now go to b.
+func (e *env) swapLoad(toB bool) {
+	e.t.Helper()
+	a, b := uint32(0), uint32(5)
+	if toB {
+		a, b = b, a
+	}
+	e.writePods("node-1", pod{name: "a", addr: "10.0.0.1", waiting: a}, pod{name: "b", addr: "10.0.0.2", waiting: b})
+}
+
+func (e *env) routedTo() string {
+	e.t.Helper()
+	r := e.post("/v1/chat/completions", nil, chat("base"))
+	require.Nil(e.t, r.local, "routed")
+	return r.dest()
+}
+
+// A request after a relay decides on what the last tick read while that
+// re-read is within twice the refresh interval; the next tick brings the
+// relay's values; a router whose ticks stop re-reads in the request once
+// the last re-read is older than the bound.
+func TestRequestsDecideOnTheTicksSnapshotWithinTheBound(t *testing.T) {
+	e, mono := refreshEnv(t, `{"models": [{"name": "base", "criticality": "Critical"}], "snapshotRefreshInterval": "20ms"}`)
+	require.Equal(t, "10.0.0.1:8000", e.routedTo())
+	decodes := e.counter("wasm_epp.snapshot.decodes")
+
+	e.swapLoad(true)
+	mono.now += 10 * time.Millisecond
+	assert.Equal(t, "10.0.0.1:8000", e.routedTo(), "decided on the tick's snapshot: no re-read in the request")
+	assert.Equal(t, decodes, e.counter("wasm_epp.snapshot.decodes"), "the request did not re-read")
+
+	mono.now += 10 * time.Millisecond
+	e.host.Tick()
+	assert.Equal(t, decodes+1, e.counter("wasm_epp.snapshot.decodes"), "the tick re-read")
+	assert.Equal(t, "10.0.0.2:8000", e.routedTo(), "the relay's values, from the tick")
+
+	// No tick comes: within the bound the request still decides on the
+	// tick's snapshot; past it, it re-reads itself.
+	e.swapLoad(false)
+	mono.now += 40 * time.Millisecond // exactly the bound
+	assert.Equal(t, "10.0.0.2:8000", e.routedTo())
+	assert.Zero(t, e.counter("wasm_epp.snapshot.request_refreshes"))
+	mono.now += time.Millisecond
+	assert.Equal(t, "10.0.0.1:8000", e.routedTo(), "past the bound the request re-reads")
+	assert.Equal(t, uint64(1), e.counter("wasm_epp.snapshot.request_refreshes"))
+	// That re-read counts as the last one: the next request within the
+	// bound does not re-read again.
+	e.swapLoad(true)
+	mono.now += 39 * time.Millisecond
+	assert.Equal(t, "10.0.0.1:8000", e.routedTo())
+	assert.Equal(t, uint64(1), e.counter("wasm_epp.snapshot.request_refreshes"))
+}
+
+// A router that never gets a tick (a host that does not deliver them)
+// still follows shared data: each request past the bound re-reads.
+func TestRouterWithoutTicksStillRefreshes(t *testing.T) {
+	e, mono := refreshEnv(t, `{"models": [{"name": "base", "criticality": "Critical"}]}`)
+	bound := 2 * config.DefaultSnapshotRefresh
+	for i, toB := range []bool{true, false, true} {
+		e.swapLoad(toB)
+		mono.now += bound + time.Millisecond
+		want := "10.0.0.1:8000"
+		if toB {
+			want = "10.0.0.2:8000"
+		}
+		assert.Equal(t, want, e.routedTo(), "relay %d", i)
+	}
+	assert.Equal(t, uint64(3), e.counter("wasm_epp.snapshot.request_refreshes"))
+}
+
+// "0s" keeps the re-read in every request: no tick, each request sees
+// shared data as it is.
+func TestRefreshIntervalZeroReReadsInEveryRequest(t *testing.T) {
+	e, _ := refreshEnv(t, `{"models": [{"name": "base", "criticality": "Critical"}], "snapshotRefreshInterval": "0s"}`)
+	assert.Zero(t, e.vm.root.router.TickPeriod())
+	for _, toB := range []bool{true, false, true} {
+		e.swapLoad(toB)
+		want := "10.0.0.1:8000"
+		if toB {
+			want = "10.0.0.2:8000"
+		}
+		assert.Equal(t, want, e.routedTo())
+	}
+	assert.Zero(t, e.counter("wasm_epp.snapshot.request_refreshes"))
+}
+
+// Between two ticks requests decide on one version of shared data: what
+// the last tick read, every agent as it was then, never some agents of
+// the relay that came since and others from before.
+func TestTicksInstallWholeRelays(t *testing.T) {
+	e, mono := refreshEnv(t, `{"models": [{"name": "base", "criticality": "Critical"}], "snapshotRefreshInterval": "20ms"}`)
+	const agents, per = 6, 3
+	relay := func(version uint32) {
+		for a := 0; a < agents; a++ {
+			pods := make([]pod, per)
+			for i := range pods {
+				pods[i] = pod{name: fmt.Sprintf("node-%d-%d", a, i), addr: fmt.Sprintf("10.1.%d.%d", a, i+1), waiting: version}
+			}
+			e.writePods(fmt.Sprintf("node-%d", a), pods...)
+		}
+	}
+	versions := func() map[int]int {
+		seen := map[int]int{}
+		for _, ep := range e.vm.root.router.snap.Endpoints {
+			if strings.HasPrefix(ep.ID.Name, "node-") {
+				seen[ep.Metrics.WaitingQueueSize]++
+			}
+		}
+		return seen
+	}
+	relay(1)
+	mono.now += 20 * time.Millisecond
+	e.host.Tick()
+	require.Equal(t, map[int]int{1: agents * per}, versions())
+	for v := uint32(2); v <= 4; v++ {
+		relay(v)
+		mono.now += 5 * time.Millisecond
+		e.routedTo()
+		assert.Equal(t, map[int]int{int(v - 1): agents * per}, versions(), "before the tick: the last one's version, whole")
+		mono.now += 15 * time.Millisecond
+		e.host.Tick()
+		assert.Equal(t, map[int]int{int(v): agents * per}, versions(), "after the tick: the relay's, whole")
+	}
+}
