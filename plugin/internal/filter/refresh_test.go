@@ -140,6 +140,7 @@ func TestTicksInstallWholeRelays(t *testing.T) {
 		}
 		return seen
 	}
+	e.routedTo() // the VM serves requests: its tick re-reads
 	relay(1)
 	mono.now += 20 * time.Millisecond
 	e.host.Tick()
@@ -153,4 +154,35 @@ func TestTicksInstallWholeRelays(t *testing.T) {
 		e.host.Tick()
 		assert.Equal(t, map[int]int{int(v): agents * per}, versions(), "after the tick: the relay's, whole")
 	}
+}
+
+// A VM that serves no request (Envoy's main-thread one) does not re-read
+// on its tick; one that stops serving stops re-reading after
+// maxIdleRereads ticks, and its next request re-reads itself.
+func TestIdleVMsTickWithoutReReading(t *testing.T) {
+	e, mono := refreshEnv(t, `{"models": [{"name": "base", "criticality": "Critical"}], "snapshotRefreshInterval": "20ms"}`)
+	tick := func() { mono.now += 20 * time.Millisecond; e.host.Tick() }
+	decodes := e.counter("wasm_epp.snapshot.decodes")
+	e.swapLoad(true)
+	tick()
+	assert.Equal(t, decodes, e.counter("wasm_epp.snapshot.decodes"), "no request yet: the tick does not re-read")
+
+	mono.now += 40 * time.Millisecond
+	assert.Equal(t, "10.0.0.2:8000", e.routedTo(), "the first request re-reads itself")
+	assert.Equal(t, decodes+1, e.counter("wasm_epp.snapshot.decodes"))
+	e.swapLoad(false)
+	tick()
+	assert.Equal(t, decodes+2, e.counter("wasm_epp.snapshot.decodes"), "serving: the tick re-reads")
+	for range maxIdleRereads - 1 {
+		tick()
+	}
+	e.swapLoad(true)
+	tick()
+	assert.Equal(t, decodes+2, e.counter("wasm_epp.snapshot.decodes"), "idle for maxIdleRereads ticks: no more re-reads")
+	mono.now += 40 * time.Millisecond
+	assert.Equal(t, "10.0.0.2:8000", e.routedTo(), "the next request re-reads itself")
+	assert.Equal(t, decodes+3, e.counter("wasm_epp.snapshot.decodes"))
+	e.swapLoad(false)
+	tick()
+	assert.Equal(t, decodes+4, e.counter("wasm_epp.snapshot.decodes"), "serving again: the tick re-reads")
 }

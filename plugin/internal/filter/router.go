@@ -100,6 +100,10 @@ type Router struct {
 	refreshEvery time.Duration
 	refreshedAt  time.Duration
 	refreshed    bool
+	// idleRereads counts the tick's re-reads since the last request
+	// (maxIdleRereads until the first: a VM that serves none, such as
+	// Envoy's main-thread one, never re-reads on its tick).
+	idleRereads int
 
 	// req is reused for every request (the scheduler keeps no reference).
 	req scheduler.Request
@@ -187,6 +191,7 @@ func NewRouter(cfg *config.Config, opts Options) (*Router, error) {
 		passthrough:  model{crit: scheduler.Sheddable},
 		cache:        wire.NewCache(wire.NewKeys(cfg.SharedDataKeyPrefix), wire.Limits{}),
 		refreshEvery: cfg.SnapshotRefresh(),
+		idleRereads:  maxIdleRereads,
 	}
 	r.snap = &scheduler.Snapshot{}
 	s, err := scheduler.New(cfg.SchedulerConfig, scheduler.NewRegistry(), scheduler.Options{
@@ -297,8 +302,9 @@ func (r *Router) recycle(c *httpContext) {
 }
 
 // OnTick is the root context's tick, shared by the router's periodic work:
-// the snapshot is re-read from shared data (so requests decide on what
-// the tick read instead of each re-reading after a relay), the prefix
+// the snapshot is re-read from shared data while the VM serves requests
+// (so they decide on what the tick read instead of each re-reading after
+// a relay; maxIdleRereads), the prefix
 // index syncs with the other worker VMs, and flow control expires and
 // releases held requests (flow.go). The tick runs at the shortest of
 // their periods; each runs when its own period has come (to the nearest
@@ -306,7 +312,8 @@ func (r *Router) recycle(c *httpContext) {
 func (r *Router) OnTick() {
 	now := r.clock.Since()
 	tick := r.TickPeriod()
-	if r.refreshEvery > 0 && r.refreshTick.due(now, r.refreshEvery, tick) {
+	if r.refreshEvery > 0 && r.idleRereads < maxIdleRereads && r.refreshTick.due(now, r.refreshEvery, tick) {
+		r.idleRereads++
 		vmmem.Maybe()
 		r.refreshShared(now)
 	}
@@ -517,6 +524,15 @@ func (r *Router) requestObjective(a *activeTable) scheduler.Criticality {
 // without ticks.
 func (r *Router) maxRefreshAge() time.Duration { return 2 * r.refreshEvery }
 
+// maxIdleRereads is how many times the tick re-reads the snapshot with no
+// request in between before it stops until the next request (about 5 s
+// at the default interval): every VM holding the router has the tick,
+// Envoy's main-thread one too, which never serves a request, and a worker
+// that has no traffic would otherwise re-read every relay for nothing.
+// Its next request then re-reads itself, the last re-read being older
+// than the bound.
+const maxIdleRereads = 256
+
 // current returns the snapshot a callback that began at now (clock.Since)
 // decides on, with the Kubernetes model table current with it: what the
 // last re-read found (the tick's, normally) when it began at most
@@ -525,6 +541,7 @@ func (r *Router) maxRefreshAge() time.Duration { return 2 * r.refreshEvery }
 // first push after a start routes at once instead of up to a bound later.
 func (r *Router) current(now time.Duration) *scheduler.Snapshot {
 	vmmem.Maybe()
+	r.idleRereads = 0
 	if r.refreshEvery > 0 && r.refreshed && len(r.snap.Endpoints) > 0 {
 		if age := now - r.refreshedAt; age >= 0 && age <= r.maxRefreshAge() {
 			return r.snap
