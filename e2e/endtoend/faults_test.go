@@ -639,6 +639,7 @@ func TestFaultPushWhileInFlight(t *testing.T) {
 	// The second agent keeps pushing every interval, as an agent does, so
 	// its endpoint stays fresh however slowly the rest of the test runs.
 	stopPushing := keepPushing(t, s, func(seq uint64) []byte { return intruderPush(t, ap, seq) })
+	awaitRouters() // the routers decide on the push from here on
 	// intruderPush names its endpoint "intruder"; the served-by header
 	// carries that name.
 	const newName = "intruder"

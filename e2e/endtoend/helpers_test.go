@@ -21,6 +21,7 @@ import (
 	"github.com/wasm-epp/wasm-epp/e2e/stack"
 	"github.com/wasm-epp/wasm-epp/e2e/vllmsim"
 	"github.com/wasm-epp/wasm-epp/metricsagent"
+	"github.com/wasm-epp/wasm-epp/plugin/config"
 )
 
 // Short settings so the suite is quick on 2 cores: the agent scrapes every
@@ -287,10 +288,17 @@ func agentPushes(t *testing.T, s *stack.Stack) float64 {
 
 // waitPushes waits until the agent has finished n more pushes: then a
 // cycle that began after the caller's observation has reached the gateway
-// (unless it failed, hence n > 1). This waits on the agent's progress, not
+// (unless it failed, hence n > 1) and the routers decide on it. This waits on the agent's progress, not
 // on a guess of how long a cycle takes on a busy machine.
 func waitPushes(t *testing.T, s *stack.Stack, n int) {
 	t.Helper()
 	start := agentPushes(t, s)
 	poll(t, func() bool { return agentPushes(t, s) >= start+float64(n) }, "the agent stopped pushing")
+	awaitRouters()
 }
+
+// awaitRouters waits until every request decides on what was stored
+// before the call: each router VM re-reads shared data on its tick, and a
+// request re-reads itself once the last re-read is twice the refresh
+// interval old.
+func awaitRouters() { time.Sleep(2*config.DefaultSnapshotRefresh + 2*time.Millisecond) }

@@ -252,6 +252,7 @@ func testWrongToken(t *testing.T, s *stack.Stack) {
 	// Withdraw it: the same agent, a newer push without endpoints.
 	r := push(t, s, intruderPush(t, "", seq), "Bearer "+s.Token())
 	require.Equal(t, http.StatusNoContent, r.Status, r.String())
+	awaitRouters()
 	for i := range 30 {
 		r := complete(t, s, stackModel, 1)
 		require.Equal(t, http.StatusOK, r.Status, r.String())

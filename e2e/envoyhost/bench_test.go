@@ -188,20 +188,32 @@ func BenchmarkFilterCallbacksLargeN(b *testing.B) {
 // benchmark runs; BenchmarkFilterCallbacksUnderRelays has the tick's way.
 func benchmarkMainPlugin(b *testing.B, code []byte, pluginConfig, variant string, sizes ...int) {
 	pluginConfig = strings.Replace(pluginConfig, "{", `{"snapshotRefreshInterval": "0s", `, 1)
-	benchmarkMainPluginRelays(b, code, pluginConfig, variant, 0, false, func(n int) []*wire.MemStore {
+	benchmarkMainPluginRelays(b, code, pluginConfig, variant, relayBench{}, func(n int) []*wire.MemStore {
 		// Stored "in the future": fresh however long the benchmark runs.
 		return []*wire.MemStore{benchSnapshot(b, n, time.Now().Add(time.Hour))}
 	}, sizes...)
 }
 
+// relayBench is how benchmarkMainPluginRelays interleaves relays, ticks
+// and requests.
+type relayBench struct {
+	// relayEvery: the next stored state before every relayEvery-th request
+	// (0: the first state only).
+	relayEvery int
+	// ticks: the VMs' tick timers fire only where the benchmark fires
+	// them (heldTicks), right after each relay is stored, as the next tick
+	// after a relay would; without, the host's timers run as usual.
+	ticks bool
+	// ticksOnly: one request first (the VM then counts as serving), then
+	// per iteration a relay stored and the tick, no request.
+	ticksOnly bool
+}
+
 // benchmarkMainPluginRelays is benchmarkMainPlugin on the shared data
 // states(n) gives: the first is stored before the first request, and with
-// more than one, the next is stored before every relayEvery-th request,
-// in turn, as relays arriving between requests would leave it. With
-// ticks, the VM's tick timer never fires by itself (heldTicks): it fires
-// right after each relay is stored, before the requests that follow, as
-// the next tick after a relay would.
-func benchmarkMainPluginRelays(b *testing.B, code []byte, pluginConfig, variant string, relayEvery int, ticks bool,
+// more than one, the next is stored as o says, in turn, as relays
+// arriving between requests would leave it.
+func benchmarkMainPluginRelays(b *testing.B, code []byte, pluginConfig, variant string, o relayBench,
 	states func(n int) []*wire.MemStore, sizes ...int) {
 	cfg, err := config.Decode([]byte(pluginConfig))
 	require.NoError(b, err)
@@ -211,7 +223,7 @@ func benchmarkMainPluginRelays(b *testing.B, code []byte, pluginConfig, variant 
 			h := newHarness(b, trivialGuestPkg, withWorkers(1), withAllowStopIteration(), withPluginConfig(pluginConfig),
 				func(c *Config, p *PluginConfig) {
 					p.VM.Code = code
-					if ticks {
+					if o.ticks || o.ticksOnly {
 						c.Clock = clock
 					}
 				})
@@ -231,16 +243,7 @@ func benchmarkMainPluginRelays(b *testing.B, code []byte, pluginConfig, variant 
 			unique := strings.HasSuffix(variant, "prompts=unique")
 			numbered := bytes.Index(body, []byte(content))
 			var req *HeaderMap
-			b.ResetTimer()
-			for i := 0; i < b.N; i++ {
-				if relayEvery > 0 && i%relayEvery == 0 {
-					if len(stored) > 1 {
-						store(stored[(i/relayEvery+1)%len(stored)])
-					}
-					if ticks {
-						clock.fire()
-					}
-				}
+			send := func(i int) {
 				if unique {
 					for k, v := numbered+7, i; k >= numbered; k, v = k-1, v/10 { // eight digits in place
 						body[k] = byte('0' + v%10)
@@ -258,6 +261,37 @@ func benchmarkMainPluginRelays(b *testing.B, code []byte, pluginConfig, variant 
 				d.s.reqHeaders = nil
 				d.responseHeaders(respHeaders)
 				d.finish(req, respHeaders)
+			}
+			if o.ticksOnly {
+				send(0)
+				clock.fire()
+				decodes, _ := h.host.StatValue("wasmcustom.wasm_epp.snapshot.decodes")
+				b.ResetTimer()
+				for i := 0; i < b.N; i++ {
+					if len(stored) > 1 {
+						store(stored[(i+1)%len(stored)])
+					}
+					clock.fire()
+				}
+				b.StopTimer()
+				require.False(b, vm.Failed())
+				after, _ := h.host.StatValue("wasmcustom.wasm_epp.snapshot.decodes")
+				if len(stored) > 1 {
+					require.Equal(b, decodes+uint64(b.N), after, "every tick re-read its relay, on the worker only")
+				}
+				return
+			}
+			b.ResetTimer()
+			for i := 0; i < b.N; i++ {
+				if o.relayEvery > 0 && i%o.relayEvery == 0 {
+					if len(stored) > 1 {
+						store(stored[(i/o.relayEvery+1)%len(stored)])
+					}
+					if o.ticks {
+						clock.fire()
+					}
+				}
+				send(i)
 			}
 			b.StopTimer()
 			require.False(b, vm.Failed())
@@ -287,7 +321,8 @@ func BenchmarkFilterCallbacksUnderRelays(b *testing.B) {
 	for _, refresh := range []string{"request", "tick"} {
 		pluginConfig := `{"models": [{"name": "chat", "criticality": "Standard"}], "scheduler": {"profile": "decision-tree"}, "snapshotRefreshInterval": "` + map[string]string{"request": "0s", "tick": tickBenchRefresh}[refresh] + `"}`
 		for _, pattern := range []string{"none", "values", "heartbeat"} {
-			benchmarkMainPluginRelays(b, code, pluginConfig, "relays="+pattern+"/refresh="+refresh, 2, refresh == "tick", relayStates(b, pattern), 1000, 5000)
+			benchmarkMainPluginRelays(b, code, pluginConfig, "relays="+pattern+"/refresh="+refresh,
+				relayBench{relayEvery: 2, ticks: refresh == "tick"}, relayStates(b, pattern), 1000, 5000)
 		}
 	}
 }
@@ -307,33 +342,7 @@ func BenchmarkRouterTicksUnderRelays(b *testing.B) {
 	require.NoError(b, err)
 	pluginConfig := `{"models": [{"name": "chat", "criticality": "Standard"}], "scheduler": {"profile": "decision-tree"}, "snapshotRefreshInterval": "` + tickBenchRefresh + `"}`
 	for _, pattern := range []string{"none", "values", "heartbeat"} {
-		for _, n := range []int{1000, 5000} {
-			b.Run(fmt.Sprintf("endpoints=%d/relays=%s", n, pattern), func(b *testing.B) {
-				clock := &heldTicks{}
-				h := newHarness(b, trivialGuestPkg, withWorkers(1), withAllowStopIteration(), withPluginConfig(pluginConfig),
-					func(c *Config, p *PluginConfig) { p.VM.Code = code; c.Clock = clock })
-				stored := relayStates(b, pattern)(n)
-				store := func(st *wire.MemStore) {
-					st.Each(func(key string, value []byte) { h.host.shared.set("test-vm", key, value, 0) })
-				}
-				store(stored[0])
-				vm, _ := workerVM(b, h)
-				clock.fire()
-				b.ResetTimer()
-				for i := 0; i < b.N; i++ {
-					if len(stored) > 1 {
-						store(stored[(i+1)%len(stored)])
-					}
-					clock.fire()
-				}
-				b.StopTimer()
-				require.False(b, vm.Failed())
-				decodes, _ := h.host.StatValue("wasmcustom.wasm_epp.snapshot.decodes")
-				if len(stored) > 1 {
-					require.GreaterOrEqual(b, decodes, uint64(b.N), "every tick re-read its relay")
-				}
-			})
-		}
+		benchmarkMainPluginRelays(b, code, pluginConfig, "relays="+pattern, relayBench{ticksOnly: true}, relayStates(b, pattern), 1000, 5000)
 	}
 }
 

@@ -58,8 +58,9 @@ func TestRoutesToTheAdaptersPod(t *testing.T) {
 	assert.Equal(t, chat("sql-lora"), string(reqs[0].Body), "no target: body untouched")
 	assert.Equal(t, "127.0.0.1:"+itoa(s.pods[1].port), reqs[0].Header.Get(destHeader))
 	assert.Equal(t, uint64(20), s.stat("wasm_epp.requests.routed"))
-	// Decoded once per VM per change, never per request.
-	assert.Equal(t, decodes, s.stat("wasm_epp.snapshot.decodes"))
+	// At most once per VM that served (2 workers: its tick's re-read, or
+	// the first request of a VM that had served none), never per request.
+	assert.LessOrEqual(t, s.stat("wasm_epp.snapshot.decodes"), decodes+2)
 }
 
 func TestTrafficSplitAndRewrite(t *testing.T) {
