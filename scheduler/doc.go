@@ -85,7 +85,9 @@
 // Snapshot.Changed or a new Snapshot (rebuilt, about four scans' worth, on
 // the second decision that sees it, or after metric churn that came back
 // within fewer than four decisions on the fourth, so changes that come
-// faster than decisions cost no more than scanning). Observe updates it
+// faster than decisions cost no more than scanning; the profiles whose
+// fast paths can also decide on values read for the one decision do so
+// then, at a fraction of a scan's cost in the guest). Observe updates it
 // itself.
 //
 // # The seed

@@ -101,6 +101,9 @@ func (x *snapIndex) nth(all, k int) int {
 type fastRandom struct{ all int }
 
 func (f *fastRandom) decide(c *Cycle, x *snapIndex) int {
+	if x.flat {
+		return f.decideFlat(c, x)
+	}
 	return x.nth(f.all, c.Rand.IntN(x.nFresh))
 }
 
@@ -109,7 +112,10 @@ type fastRoundRobin struct {
 	all    int
 }
 
-func (f *fastRoundRobin) decide(_ *Cycle, x *snapIndex) int {
+func (f *fastRoundRobin) decide(c *Cycle, x *snapIndex) int {
+	if x.flat {
+		return f.decideFlat(c, x)
+	}
 	k := int(f.picker.next % uint64(x.nFresh))
 	f.picker.next++
 	return x.nth(f.all, k)
@@ -118,6 +124,9 @@ func (f *fastRoundRobin) decide(_ *Cycle, x *snapIndex) int {
 type fastLeastRequest struct{ by int }
 
 func (f *fastLeastRequest) decide(c *Cycle, x *snapIndex) int {
+	if x.flat {
+		return f.decideFlat(c, x)
+	}
 	es := x.ord(f.by).es
 	ties := es.searchAfter(keyAbove(es[0].a))
 	return int(es[c.Rand.IntN(ties)].i)
@@ -126,6 +135,9 @@ func (f *fastLeastRequest) decide(c *Cycle, x *snapIndex) int {
 // leastLoaded is Scheduler.LeastLoaded on the index: the first key of the
 // (outstanding, KV-cache) order and its ties, in snapshot order.
 func (x *snapIndex) leastLoaded(c *Cycle, by int) int {
+	if x.flat {
+		return x.leastLoadedFlat(c)
+	}
 	es := x.ord(by).es
 	ties := es.searchAfter(entry{es[0].a, math.MaxInt32, es[0].b})
 	k := 0
@@ -163,6 +175,8 @@ type fastTree struct {
 
 	bufs [2][]*Endpoint
 	pos  []int32
+	flat [2][]int32 // decideFlat's position lists
+	held []uint8    // flatLoRA's: whether each endpoint holds the target
 }
 
 func newFastTree(t *DecisionTreeFilter, x *snapIndex) *fastTree {
@@ -422,6 +436,9 @@ func (f *fastTree) row(c *Cycle, x *snapIndex, step int, w *treeWalk) bool {
 }
 
 func (f *fastTree) decide(c *Cycle, x *snapIndex) int {
+	if x.flat {
+		return f.decideFlat(c, x)
+	}
 	t := f.t
 	crit := c.Request.Criticality
 	if crit < Critical || crit > Sheddable {

@@ -74,6 +74,8 @@ type Profile struct {
 	// fast decides on the Scheduler's index when the profile's plugins
 	// allow it (fastpath.go); nil otherwise.
 	fast fastPath
+	// fastFlat: fast also decides on the index's values alone (fastflat.go).
+	fastFlat bool
 }
 
 // Paths lists the Result.Path values a cycle run by this profile can

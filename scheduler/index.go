@@ -61,6 +61,12 @@ type snapIndex struct {
 	caps   []capacity
 	orders []order
 
+	// flat says the decision in progress is made on values read for it
+	// alone (flatRead): metric churn came faster than decisions, so the
+	// index is not brought up to date. stale says those reads overwrote
+	// the index's values: it is rebuilt before any other use.
+	flat, stale bool
+
 	wait waiting // the state a rebuild is waiting for a second decision on
 	// looks counts the decisions since wait was set; churnRun is what it
 	// reached when the latest metric churn replaced the state before.
@@ -69,8 +75,8 @@ type snapIndex struct {
 	eager bool
 
 	// rebuilds, updates and decisions count the index's work (tests,
-	// benchmarks).
-	rebuilds, updates, decisions int
+	// benchmarks); flatReads the decisions made flat.
+	rebuilds, updates, decisions, flatReads int
 }
 
 // capacity is one has-capacity test (waiting ≤ queue, KV-cache use ≤ kv).
@@ -168,7 +174,8 @@ func endpointsBase(snap *Snapshot) uintptr {
 }
 
 // sync brings the index up to date with snap for a decision at the
-// cycle's time, and reports whether the fast paths may decide on it.
+// cycle's time, and reports whether the fast paths may decide on it;
+// flatOK says the decision's fast path can also decide flat (x.flat).
 //
 // Changes to a few endpoints are applied one by one. A new snapshot, a
 // Changed one, or more changes than are worth applying one by one need a
@@ -181,8 +188,15 @@ func endpointsBase(snap *Snapshot) uintptr {
 // a scan and a rebuild per relay instead of a few scans). Changes that
 // come faster than decisions are therefore scanned as they were without
 // an index, and an index is only paid for when decisions will use it.
-func (x *snapIndex) sync(snap *Snapshot, c *Cycle) bool {
+//
+// A decision that waits for a rebuild after metric churn, and whose fast
+// path can decide flat, reads the values it needs from every endpoint
+// into the index's arrays instead (flatRead) and decides on them without
+// the orders (fastflat.go): the same result as the plugins' scan, for a
+// fraction of its cost in the guest (BENCHMARKS.md).
+func (x *snapIndex) sync(snap *Snapshot, c *Cycle, flatOK bool) bool {
 	x.looks++
+	x.flat = false
 	id := snap.identity()
 	var oldest time.Time
 	if x.staleAfter > 0 {
@@ -195,7 +209,7 @@ func (x *snapIndex) sync(snap *Snapshot, c *Cycle) bool {
 		pending := l.gen - x.gen
 		churn = pending > uint64(len(l.ring)) || pending > uint64(max(minChangeRing, x.n/4))
 		rebuild = churn
-		if !rebuild {
+		if !rebuild && !x.stale {
 			for g := x.gen + 1; g <= l.gen; g++ {
 				i := int(l.ring[g%uint64(len(l.ring))])
 				x.update(&snap.Endpoints[i], i)
@@ -203,6 +217,7 @@ func (x *snapIndex) sync(snap *Snapshot, c *Cycle) bool {
 			x.gen = l.gen
 		}
 	}
+	rebuild = rebuild || x.stale // (a flat read leaves churn pending: rebuild is set)
 	if rebuild {
 		// A new or Changed snapshot waits for a second look at the same
 		// endpoints: metric changes reported in between are applied one by
@@ -218,10 +233,11 @@ func (x *snapIndex) sync(snap *Snapshot, c *Cycle) bool {
 				x.churnRun = x.looks - 1
 			}
 			x.wait, x.looks = w, 1
-			return false
+			return churn && flatOK && x.flatRead(snap, oldest)
 		}
 		if churn && !x.eager && x.churnRun < churnBuildLooks && x.looks < churnBuildLooks {
-			return false // churn faster than decisions: a rebuild would not pay
+			// churn faster than decisions: a rebuild would not pay
+			return flatOK && x.flatRead(snap, oldest)
 		}
 		x.build(snap, id, oldest)
 	}
@@ -248,7 +264,7 @@ type waiting struct {
 
 // covers reports whether res chose an endpoint of the indexed snapshot.
 func (x *snapIndex) covers(res Result) bool {
-	return x.id != 0 && res.Index >= 0 && res.Index < x.n &&
+	return x.id != 0 && !x.stale && res.Index >= 0 && res.Index < x.n &&
 		uintptr(unsafe.Pointer(res.Endpoint)) == x.base+uintptr(res.Index)*unsafe.Sizeof(Endpoint{})
 }
 
@@ -276,6 +292,7 @@ func (x *snapIndex) build(snap *Snapshot, id uint64, oldest time.Time) {
 	for i := range snap.Endpoints {
 		x.load(&snap.Endpoints[i], i)
 	}
+	x.stale = false
 	x.rebuilds++
 }
 

@@ -5,6 +5,7 @@ import (
 	"math"
 	"math/rand/v2"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -440,4 +441,109 @@ func TestMetricsChangedRangeIsEachEndpoint(t *testing.T) {
 	s.identity()
 	s.MetricsChangedRange(5, 11) // past the end: anything may have changed
 	require.Equal(t, s.changes.gen, s.changes.all)
+}
+
+// TestFlatDecisionsUnderChurnEqualScanned: relays that rewrite most
+// endpoints between every one to three decisions (more changes than the
+// index applies one by one) leave the index flat, deciding on its values
+// without orders; the decisions, draws and paths must stay a scanning
+// Scheduler's, across every configuration, fleet shape and staleness, and
+// once the churn stops the orders take over.
+func TestFlatDecisionsUnderChurnEqualScanned(t *testing.T) {
+	flatDecisions := 0
+	for ci, cfg := range indexTestConfigs {
+		for shape := range numShapes {
+			t.Run(fmt.Sprintf("config=%d/shape=%d", ci, shape), func(t *testing.T) {
+				r := newRand(uint64(1000*ci) + uint64(shape))
+				n := 200 + r.IntN(400)
+				c := newTwinClock(r)
+				seed := r.Uint64()
+				opts := func(minEndpoints int) Options {
+					return Options{Rand: rand.NewPCG(seed, 7), Now: c.read, StaleAfter: c.staleAfter, FailOpen: true, IndexMinEndpoints: minEndpoints}
+				}
+				indexed, scanned := newScheduler(t, cfg, opts(1)), newScheduler(t, cfg, opts(-1))
+				x := indexed.index
+				stamp := func(m *Metrics) { m.UpdateTime = c.now.Add(-time.Duration(r.IntN(3000)) * time.Millisecond) }
+				a := shapedSnapshot(r, n, shape)
+				for i := range a.Endpoints {
+					stamp(&a.Endpoints[i].Metrics)
+				}
+				b := copySnapshot(a)
+				models := []string{"base", adapterName(0), adapterName(1), adapterName(r.IntN(10)), "", "nowhere"}
+				decide := func(step int) {
+					req := &Request{Model: models[r.IntN(len(models))], Criticality: Criticality(r.IntN(3)), Admitted: r.IntN(5) == 0}
+					before := x.decisions
+					var ra, rb Result
+					if r.IntN(8) == 0 {
+						ra, rb = indexed.LeastLoaded(a), scanned.LeastLoaded(b)
+					} else {
+						ra, rb = indexed.Schedule(req, a), scanned.Schedule(req, b)
+					}
+					requireSameResult(t, step, ra, rb)
+					if x.flat && x.decisions > before {
+						flatDecisions++
+					}
+					if r.IntN(3) == 0 && ra.Outcome == Routed { // Observe moves what it counts
+						indexed.Observe(req, ra)
+						scanned.Observe(req, rb)
+					}
+				}
+				for round := range 40 {
+					// A relay: blocks of two, most rewritten (drifted, some
+					// redrawn, some only given a new time).
+					for blk := 0; 2*blk < n; blk++ {
+						if r.IntN(100) >= 82 {
+							continue
+						}
+						hi := min(2*blk+2, n)
+						for i := 2 * blk; i < hi; i++ {
+							m := a.Endpoints[i].Metrics
+							switch r.IntN(4) {
+							case 0:
+								m = shapedSnapshot(r, 1, shape).Endpoints[0].Metrics
+							case 1, 2:
+								drift(r, &m)
+							}
+							stamp(&m)
+							a.Endpoints[i].Metrics, b.Endpoints[i].Metrics = m, m
+						}
+						a.MetricsChangedRange(2*blk, hi)
+					}
+					if r.IntN(10) == 0 {
+						c.now = c.now.Add(time.Duration(r.IntN(1500)) * time.Millisecond)
+					}
+					for k := range 1 + r.IntN(3) {
+						decide(100*round + k)
+					}
+					if round%13 == 12 { // quiet for a while: the orders take over
+						for k := range churnBuildLooks + 2 {
+							decide(100*round + 50 + k)
+						}
+						require.False(t, x.flat, "quiet looks: the orders are built")
+					}
+				}
+			})
+		}
+	}
+	require.Greater(t, flatDecisions, 1000, "flat decisions")
+}
+
+// TestEqualStringIsEquality: the flat LoRA row's comparison agrees with
+// == for every length around its 8-to-16-byte words and a difference at
+// every position.
+func TestEqualStringIsEquality(t *testing.T) {
+	for n := range 24 {
+		a := []byte(strings.Repeat("x", n))
+		for i := 0; i < n; i++ {
+			a[i] = byte('a' + i)
+		}
+		s := string(a)
+		require.True(t, equalString(s, strings.Clone(s)), "len %d", n)
+		require.False(t, equalString(s, s+"y"), "len %d", n)
+		for i := range n {
+			b := slices.Clone(a)
+			b[i]++
+			require.False(t, equalString(s, string(b)), "len %d, byte %d", n, i)
+		}
+	}
 }

@@ -198,6 +198,7 @@ func New(cfg Config, reg *Registry, opts Options) (*Scheduler, error) {
 		s.byCriticality[c] = p
 		if !containsProfile(s.profiles, p) {
 			p.fast = fastPathFor(p, s.index)
+			_, p.fastFlat = p.fast.(flatPath)
 			s.profiles = append(s.profiles, p)
 		}
 	}
@@ -364,7 +365,7 @@ func (s *Scheduler) Schedule(req *Request, snap *Snapshot) Result {
 	defer c.reset(nil, nil) // do not keep the caller's request and snapshot alive
 
 	prof := s.ProfileFor(req.Criticality)
-	if prof.fast != nil && s.indexed(c, snap) {
+	if prof.fast != nil && s.indexed(c, snap, prof.fastFlat) {
 		if res, ok := s.fastSchedule(c, prof, snap); ok {
 			return res
 		}
@@ -398,13 +399,14 @@ func (s *Scheduler) Schedule(req *Request, snap *Snapshot) Result {
 }
 
 // indexed reports whether the decision on snap uses the index, bringing
-// the index up to date if so.
-func (s *Scheduler) indexed(c *Cycle, snap *Snapshot) bool {
+// the index up to date if so; flatOK says the decision can also be made
+// on the index's values alone (snapIndex.flat).
+func (s *Scheduler) indexed(c *Cycle, snap *Snapshot, flatOK bool) bool {
 	n := len(snap.Endpoints)
 	if s.indexFrom < 0 || n < s.indexFrom || n == 0 {
 		return false
 	}
-	return s.index.sync(snap, c)
+	return s.index.sync(snap, c, flatOK)
 }
 
 // fastSchedule is Schedule by prof's fast path on the synced index; false
@@ -627,7 +629,7 @@ func (s *Scheduler) LeastLoaded(snap *Snapshot) Result {
 	c := &s.cycle
 	c.reset(&bodylessRequest, snap)
 	defer c.reset(nil, nil)
-	if s.indexed(c, snap) {
+	if s.indexed(c, snap, true) {
 		x := s.index
 		res := Result{Index: -1, Stale: x.nStale}
 		if x.nFresh == 0 {
