@@ -206,15 +206,10 @@ func (x *snapIndex) sync(snap *Snapshot, c *Cycle, flatOK bool) bool {
 	rebuild := id != x.id || len(snap.Endpoints) != x.n || endpointsBase(snap) != x.base || l.all > x.gen
 	churn := false // more metric changes than are worth applying one by one
 	if !rebuild && l.gen != x.gen {
-		pending := l.gen - x.gen
-		churn = pending > uint64(len(l.ring)) || pending > uint64(max(minChangeRing, x.n/4))
+		churn = x.churned(l)
 		rebuild = churn
 		if !rebuild && !x.stale {
-			for g := x.gen + 1; g <= l.gen; g++ {
-				i := int(l.ring[g%uint64(len(l.ring))])
-				x.update(&snap.Endpoints[i], i)
-			}
-			x.gen = l.gen
+			x.applyChanges(snap)
 		}
 	}
 	rebuild = rebuild || x.stale // (a flat read leaves churn pending: rebuild is set)
@@ -245,6 +240,38 @@ func (x *snapIndex) sync(snap *Snapshot, c *Cycle, flatOK bool) bool {
 		x.reevaluate(snap, oldest)
 	}
 	return x.nBad == 0
+}
+
+// churned reports whether more metric changes are pending in l than are
+// worth applying one by one.
+func (x *snapIndex) churned(l *changeLog) bool {
+	pending := l.gen - x.gen
+	return pending > uint64(len(l.ring)) || pending > uint64(max(minChangeRing, x.n/4))
+}
+
+// applyChanges applies the metric changes reported since the index last
+// followed its snapshot, one by one.
+func (x *snapIndex) applyChanges(snap *Snapshot) {
+	l := &snap.changes
+	for g := x.gen + 1; g <= l.gen; g++ {
+		i := int(l.ring[g%uint64(len(l.ring))])
+		x.update(&snap.Endpoints[i], i)
+	}
+	x.gen = l.gen
+}
+
+// prepare is the part of sync that needs no decision: the metric changes
+// of the snapshot the index follows, when sync would apply them one by
+// one. Anything else (another or Changed snapshot, churn, a flat read
+// pending) is left to the next decision's sync, which judges whether a
+// rebuild pays; nothing counts as a look.
+func (x *snapIndex) prepare(snap *Snapshot) {
+	l := &snap.changes
+	if x.id == 0 || x.stale || l.gen == x.gen || snap.identity() != x.id || len(snap.Endpoints) != x.n ||
+		endpointsBase(snap) != x.base || l.all > x.gen || x.churned(l) {
+		return
+	}
+	x.applyChanges(snap)
 }
 
 // churnBuildLooks is how many decisions metric churn must leave to a

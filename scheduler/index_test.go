@@ -293,6 +293,61 @@ func TestIndexRebuildWaitsForASecondDecision(t *testing.T) {
 	require.Equal(t, 3, x.decisions)
 }
 
+// Prepare applies a few endpoints' changes outside a decision, so the next
+// decision has none left to apply, and decides the same as without it;
+// it leaves churn and new snapshots to decisions and counts no look.
+func TestPrepareAppliesFewChangesOutsideADecision(t *testing.T) {
+	s, snap, req := indexedTree(t)
+	twin, twinSnap, _ := indexedTree(t)
+	x := s.index
+	s.Prepare(snap)
+	require.Equal(t, 0, x.rebuilds, "no index yet: Prepare builds none")
+	both := func() {
+		a, b := s.Schedule(req, snap), twin.Schedule(req, twinSnap)
+		require.Equal(t, b.Index, a.Index)
+		require.Equal(t, b.Path, a.Path)
+	}
+	both()
+	both()
+	require.Equal(t, 1, x.rebuilds)
+	for round := range 20 {
+		for _, sn := range []*Snapshot{snap, twinSnap} {
+			i := (round * 7) % len(sn.Endpoints)
+			sn.Endpoints[i].Metrics.WaitingQueueSize += round%3 + 1
+			sn.Endpoints[i].Metrics.KVCacheUsage = float64(round%10) / 10
+			sn.MetricsChanged(i)
+		}
+		updates, looks := x.updates, x.looks
+		s.Prepare(snap)
+		require.Equal(t, looks, x.looks, "Prepare is not a look")
+		require.Equal(t, snap.changes.gen, x.gen, "the change applied")
+		require.GreaterOrEqual(t, x.updates, updates)
+		updates = x.updates
+		both()
+		require.Equal(t, updates, x.updates, "round %d: nothing left for the decision", round)
+	}
+	require.Equal(t, 1, x.rebuilds)
+
+	// Churn: Prepare leaves it to the decision.
+	for i := range snap.Endpoints {
+		snap.Endpoints[i].Metrics.RunningQueueSize++
+		snap.MetricsChanged(i)
+		twinSnap.Endpoints[i].Metrics.RunningQueueSize++
+		twinSnap.MetricsChanged(i)
+	}
+	gen := x.gen
+	s.Prepare(snap)
+	require.Equal(t, gen, x.gen, "churn is not applied one by one")
+	both()
+	snap.Changed()
+	twinSnap.Changed()
+	gen = x.gen
+	s.Prepare(snap)
+	require.Equal(t, gen, x.gen)
+	both()
+	both()
+}
+
 // TestIndexBuildsUnderMetricsChurn: an owner that reports one endpoint's
 // metrics between every two decisions (flow control's room count does)
 // still gets an index: the rebuild after a new or Changed snapshot waits

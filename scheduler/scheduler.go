@@ -610,6 +610,22 @@ func (s *Scheduler) Observe(req *Request, res Result) {
 	}
 }
 
+// Prepare brings the Scheduler's index of snap up to date outside a
+// decision, as far as that needs none: it applies the metric changes
+// reported since the last decision (Snapshot.MetricsChanged) when they are
+// few enough to apply one by one, which the next decision would do first.
+// A snapshot owner that re-reads shared data apart from its requests (the
+// plugin's tick) calls it after the re-read, so that work leaves the
+// request. It changes no decision, and leaves anything else (a new or
+// Changed snapshot, churn) to the next decision, which judges whether a
+// rebuild pays. snap must be the snapshot the decisions are made on.
+func (s *Scheduler) Prepare(snap *Snapshot) {
+	if s.indexFrom < 0 || len(snap.Endpoints) < s.indexFrom {
+		return
+	}
+	s.index.prepare(snap)
+}
+
 // IndexRebuilds counts the times the Scheduler rebuilt its snapshot index
 // from every endpoint (a new or Changed snapshot, or more metric changes
 // than are worth applying one by one): a snapshot's owner that reports
