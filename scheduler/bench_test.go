@@ -373,3 +373,65 @@ func BenchmarkScheduleChurn(b *testing.B) {
 		}
 	}
 }
+
+// BenchmarkSchedulePrefixAwareHostShape is the scheduler's share of
+// e2e/envoyhost's BenchmarkPrefixFilterCallbacks at 4 KiB: the built-in
+// prefix-aware profile over that benchmark's 8 endpoints (its metrics,
+// fresh, StaleAfter 2s), a Critical request for the base model whose
+// 64-block prompt one endpoint holds (the affinity path). "prepare" is
+// the tracker's lookup alone, "decide" the lookup and the decision, so
+// their difference is the decision; "decide+routed" adds recording where
+// it went. Built for wasip1 and run under wazero with cachegrind it gives
+// the guest's instructions per decision (BENCHMARKS.md, "Prefix-aware
+// routing: cost per request").
+//
+//	go test -run '^$' -bench BenchmarkSchedulePrefixAwareHostShape -benchmem ./scheduler/
+func BenchmarkSchedulePrefixAwareHostShape(b *testing.B) {
+	now := time.Unix(1_000_000, 0)
+	snap := &Snapshot{Endpoints: make([]Endpoint, 8)}
+	for i := range snap.Endpoints {
+		snap.Endpoints[i] = Endpoint{
+			ID:      EndpointID{Namespace: "llm", Name: fmt.Sprintf("vllm-%03d", i)},
+			Address: fmt.Sprintf("10.0.0.%d", i+1), Port: 8000,
+			Metrics: Metrics{
+				WaitingQueueSize: i % 4, RunningQueueSize: 5 + i%11, KVCacheUsage: float64(i%70) / 100,
+				MaxActiveModels: 4, ActiveModels: []string{fmt.Sprintf("adapter-%d", i%5)}, UpdateTime: now,
+			},
+		}
+	}
+	blocks := make([]uint64, 64)
+	for i := range blocks {
+		blocks[i] = uint64(i+1) * 0x9e3779b97f4a7c15
+	}
+	for _, sub := range []string{"prepare", "decide", "decide+routed"} {
+		b.Run(sub, func(b *testing.B) {
+			o := seeded(1)
+			o.Now = func() time.Time { return now }
+			o.StaleAfter = 2 * time.Second
+			s := newScheduler(b, `{"profile": "prefix-aware"}`, o)
+			idx, err := prefix.NewIndex(prefix.IndexConfig{}, nil)
+			if err != nil {
+				b.Fatal(err)
+			}
+			t := NewPrefixTracker(idx)
+			req := Request{Model: "chat", Criticality: Critical}
+			t.Prepare(&req, snap, blocks, blocks[0])
+			if res := s.Schedule(&req, snap); res.Outcome != Routed {
+				b.Fatal(res)
+			} else {
+				t.Routed(res.Index, now)
+			}
+			b.ReportAllocs()
+			for b.Loop() {
+				t.Prepare(&req, snap, blocks, blocks[0])
+				if sub == "prepare" {
+					continue
+				}
+				res := s.Schedule(&req, snap)
+				if sub == "decide+routed" {
+					t.Routed(res.Index, now)
+				}
+			}
+		})
+	}
+}

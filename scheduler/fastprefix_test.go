@@ -58,6 +58,8 @@ type prefixTwin struct {
 	t    *PrefixTracker
 	snap *Snapshot
 	res  Result
+	// before is the index's decisions before the last one.
+	before int
 }
 
 // foreignInfo is a PrefixInfo that is not a *PrefixTracker: the fast path
@@ -89,105 +91,23 @@ var prefixTwinConfigs = []string{
 // identities rewritten in place (Changed) and new snapshots. Every path
 // of the filter must have been decided on the index.
 func TestIndexedPrefixAwareEqualsScanned(t *testing.T) {
-	h, err := prefix.NewHasher(prefix.HashConfig{})
-	require.NoError(t, err)
 	var fast, decisions int
 	fastPaths := map[string]int{}
 	for ci, cfg := range prefixTwinConfigs {
 		for shape := range numShapes {
 			t.Run(fmt.Sprintf("config=%d/shape=%d", ci, shape), func(t *testing.T) {
 				r := newRand(uint64(1000*ci) + uint64(shape))
-				n := 130 + r.IntN(100)
-				c := newTwinClock(r)
-				clock, staleAfter := c.read, c.staleAfter
-				stamp := func(m *Metrics) { m.UpdateTime = c.now.Add(-time.Duration(r.IntN(2500)) * time.Millisecond) }
-				fresh := func() *Snapshot {
-					s := shapedSnapshot(r, n, shape)
-					for i := range s.Endpoints {
-						stamp(&s.Endpoints[i].Metrics)
+				f, d := runPrefixTwins(t, r, cfg, 130+r.IntN(100), shape, func(k int, o Options) *Scheduler {
+					o.IndexMinEndpoints = []int{1, -1}[k]
+					s := newScheduler(t, cfg, o)
+					if k == 0 {
+						s.index.eager = r.IntN(2) == 0
+					} else {
+						withoutFused(s) // the plugins themselves
 					}
 					return s
-				}
-				base := fresh()
-				seed, failOpen := r.Uint64(), r.IntN(2) == 0
-				twins := [2]*prefixTwin{}
-				for k, minEndpoints := range []int{1, -1} {
-					idx, err := prefix.NewIndex(prefix.IndexConfig{}, nil)
-					require.NoError(t, err)
-					o := Options{Rand: rand.NewPCG(seed, 3), Now: clock, StaleAfter: staleAfter, FailOpen: failOpen, IndexMinEndpoints: minEndpoints}
-					twins[k] = &prefixTwin{s: newScheduler(t, cfg, o), t: NewPrefixTracker(idx), snap: copySnapshot(base)}
-				}
-				twins[0].s.index.eager = r.IntN(2) == 0
-				contexts := []string{longPrompt("tax law", 30), longPrompt("rust", 50), longPrompt("ops", 20), longPrompt("ops", 6), ""}
-				for step := range 600 {
-					switch k := r.IntN(40); {
-					case k < 28: // a decision
-						prompt := contexts[r.IntN(len(contexts))] + fmt.Sprintf("question %d?", r.IntN(5))
-						if (step/200)%2 == 1 && r.IntN(20) > 0 { // phases of unique prompts: reuse falls below minReuse
-							prompt = fmt.Sprintf("%d: a prompt nobody sent before, long enough for a few blocks of hashes. ", r.Uint64()) + longPrompt("once", 3)
-						}
-						raw, _ := json.Marshal(prompt)
-						model := []string{"base", adapterName(r.IntN(10)), ""}[r.IntN(3)]
-						require.NoError(t, h.HashPrompt(model, nil, raw))
-						blocks := slices.Clone(h.Blocks())
-						crit := Criticality(r.IntN(3))
-						admitted := r.IntN(6) == 0
-						kind := r.IntN(16) // 0: no prompt; 1: not a tracker
-						for _, tw := range twins {
-							req := &Request{Model: model, Criticality: crit, Admitted: admitted}
-							if kind%4 == 0 {
-								req.TargetModel = adapterName(kind % 10)
-							}
-							if kind != 0 {
-								tw.t.Prepare(req, tw.snap, blocks, h.Key())
-							}
-							if kind == 1 {
-								req.Prefix = foreignInfo{tw.t}
-							}
-							before := tw.s.index.decisions
-							tw.res = tw.s.Schedule(req, tw.snap)
-							if tw == twins[0] && tw.s.index.decisions > before {
-								fast++
-								fastPaths[tw.res.Path]++
-							}
-							if tw.res.Outcome == Routed && tw.res.Index >= 0 {
-								tw.s.Observe(req, tw.res)
-								if kind != 0 {
-									tw.t.Routed(tw.res.Index, prefixT0.Add(time.Duration(step)*time.Second))
-								}
-							}
-						}
-						requireSameResult(t, step, twins[0].res, twins[1].res)
-						decisions++
-					case k < 34: // fresh metrics for a few endpoints, in place
-						for range 1 + r.IntN(4) {
-							i := r.IntN(n)
-							m := shapedSnapshot(r, 1, shape).Endpoints[0].Metrics
-							stamp(&m)
-							for _, tw := range twins {
-								tw.snap.Endpoints[i].Metrics = m
-								tw.snap.MetricsChanged(i)
-							}
-						}
-					case k < 36: // the clock moves
-						c.now = c.now.Add(time.Duration(r.IntN(1500)) * time.Millisecond)
-					case k < 38: // identities rewritten in place: endpoints swap places
-						perm := r.Perm(n)
-						next := fresh()
-						for i := range next.Endpoints {
-							next.Endpoints[i].ID, next.Endpoints[i].Address = base.Endpoints[perm[i]].ID, base.Endpoints[perm[i]].Address
-						}
-						for _, tw := range twins {
-							copy(tw.snap.Endpoints, next.Endpoints)
-							tw.snap.Changed()
-						}
-					default: // a new snapshot
-						next := fresh()
-						for _, tw := range twins {
-							tw.snap = copySnapshot(next)
-						}
-					}
-				}
+				}, func(tw *prefixTwin, res Result) bool { return tw.s.index.decisions > tw.before }, fastPaths)
+				fast, decisions = fast+f, decisions+d
 			})
 		}
 	}
@@ -196,4 +116,166 @@ func TestIndexedPrefixAwareEqualsScanned(t *testing.T) {
 		require.Positive(t, fastPaths[p], "path %s decided on the index (%v)", p, fastPaths)
 	}
 	t.Logf("fast decisions %d of %d, by path %v", fast, decisions, fastPaths)
+}
+
+// TestFusedPrefixAwareEqualsScanned: below the index's size the fused
+// prefix-aware path (fusedprefix.go) decides as the plugins do, in the
+// setting of TestIndexedPrefixAwareEqualsScanned at 0 to 40 endpoints:
+// the same results, random draws (the twins' sources stay in step) and
+// reuse share. Every path of the filter must have been decided fused.
+func TestFusedPrefixAwareEqualsScanned(t *testing.T) {
+	var fused, decisions int
+	paths := map[string]int{}
+	for ci, cfg := range prefixTwinConfigs {
+		for shape := range numShapes {
+			for trial := range 3 {
+				t.Run(fmt.Sprintf("config=%d/shape=%d/trial=%d", ci, shape, trial), func(t *testing.T) {
+					r := newRand(uint64(1000*ci) + uint64(10*shape) + uint64(trial) + 77)
+					n := []int{r.IntN(4), 4 + r.IntN(8), 12 + r.IntN(29)}[trial]
+					f, d := runPrefixTwins(t, r, cfg, n, shape, func(k int, o Options) *Scheduler {
+						o.IndexMinEndpoints = -1
+						s := newScheduler(t, cfg, o)
+						if k == 1 {
+							withoutFused(s)
+						} else {
+							require.NotNil(t, s.profiles[0].fused, "the profile has a fused path")
+						}
+						return s
+					}, func(tw *prefixTwin, res Result) bool {
+						return res.Outcome == Routed || res.Outcome == Dropped
+					}, paths)
+					fused, decisions = fused+f, decisions+d
+				})
+			}
+		}
+	}
+	for _, p := range (&PrefixAffinityFilter{}).Paths() {
+		require.Positive(t, paths[p], "path %s decided fused (%v)", p, paths)
+	}
+	t.Logf("decisions %d, routed or dropped %d, by path %v", decisions, fused, paths)
+}
+
+// withoutFused makes s decide every profile by its plugins below the
+// index's size.
+func withoutFused(s *Scheduler) {
+	for _, p := range s.profiles {
+		p.fused = nil
+	}
+}
+
+// runPrefixTwins runs 600 steps of the twins' setting on n endpoints: the
+// Scheduler twin k is newTwin(k, its options), twin 0 the one under test,
+// twin 1 the reference; every decision of twin 0 for which counted says
+// so is counted, by path, in paths. It returns the decisions counted and
+// made.
+func runPrefixTwins(t *testing.T, r *rand.Rand, cfg string, n int, shape fleetShape, newTwin func(k int, o Options) *Scheduler,
+	counted func(tw *prefixTwin, res Result) bool, paths map[string]int) (int, int) {
+	h, err := prefix.NewHasher(prefix.HashConfig{})
+	require.NoError(t, err)
+	var fast, decisions int
+	c := newTwinClock(r)
+	clock, staleAfter := c.read, c.staleAfter
+	stamp := func(m *Metrics) { m.UpdateTime = c.now.Add(-time.Duration(r.IntN(2500)) * time.Millisecond) }
+	fresh := func() *Snapshot {
+		s := shapedSnapshot(r, n, shape)
+		for i := range s.Endpoints {
+			stamp(&s.Endpoints[i].Metrics)
+		}
+		return s
+	}
+	base := fresh()
+	seed, failOpen := r.Uint64(), r.IntN(2) == 0
+	twins := [2]*prefixTwin{}
+	for k := range twins {
+		idx, err := prefix.NewIndex(prefix.IndexConfig{}, nil)
+		require.NoError(t, err)
+		o := Options{Rand: rand.NewPCG(seed, 3), Now: clock, StaleAfter: staleAfter, FailOpen: failOpen}
+		twins[k] = &prefixTwin{s: newTwin(k, o), t: NewPrefixTracker(idx), snap: copySnapshot(base)}
+	}
+	contexts := []string{longPrompt("tax law", 30), longPrompt("rust", 50), longPrompt("ops", 20), longPrompt("ops", 6), ""}
+	for step := range 600 {
+		switch k := r.IntN(40); {
+		case k < 28: // a decision
+			prompt := contexts[r.IntN(len(contexts))] + fmt.Sprintf("question %d?", r.IntN(5))
+			if (step/200)%2 == 1 && r.IntN(20) > 0 { // phases of unique prompts: reuse falls below minReuse
+				prompt = fmt.Sprintf("%d: a prompt nobody sent before, long enough for a few blocks of hashes. ", r.Uint64()) + longPrompt("once", 3)
+			}
+			raw, _ := json.Marshal(prompt)
+			model := []string{"base", adapterName(r.IntN(10)), ""}[r.IntN(3)]
+			require.NoError(t, h.HashPrompt(model, nil, raw))
+			blocks := slices.Clone(h.Blocks())
+			crit := Criticality(r.IntN(3))
+			admitted := r.IntN(6) == 0
+			kind := r.IntN(16) // 0: no prompt; 1: not a tracker; 2: no blocks
+			for _, tw := range twins {
+				req := &Request{Model: model, Criticality: crit, Admitted: admitted}
+				if kind%4 == 0 {
+					req.TargetModel = adapterName(kind % 10)
+				}
+				switch kind {
+				case 0:
+				case 2:
+					tw.t.Prepare(req, tw.snap, nil, h.Key())
+				default:
+					tw.t.Prepare(req, tw.snap, blocks, h.Key())
+				}
+				if kind == 1 {
+					req.Prefix = foreignInfo{tw.t}
+				}
+				tw.before = tw.s.index.decisions
+				tw.res = tw.s.Schedule(req, tw.snap)
+				if tw == twins[0] && kind != 1 && counted(tw, tw.res) {
+					fast++
+					paths[tw.res.Path]++
+				}
+				if tw.res.Outcome == Routed && tw.res.Index >= 0 {
+					tw.s.Observe(req, tw.res)
+					if kind != 0 {
+						tw.t.Routed(tw.res.Index, prefixT0.Add(time.Duration(step)*time.Second))
+					}
+				}
+			}
+			requireSameResult(t, step, twins[0].res, twins[1].res)
+			require.Equal(t, twins[1].s.rand.Uint64(), twins[0].s.rand.Uint64(), "step %d: random draws", step)
+			for p, prof := range twins[0].s.profiles {
+				for f, pl := range prof.Filters {
+					if pa, ok := pl.(*PrefixAffinityFilter); ok {
+						require.Equal(t, twins[1].s.profiles[p].Filters[f].(*PrefixAffinityFilter).Reuse(), pa.Reuse(), "step %d: reuse share", step)
+					}
+				}
+			}
+			decisions++
+		case k < 34: // fresh metrics for a few endpoints, in place
+			if n == 0 {
+				continue
+			}
+			for range 1 + r.IntN(4) {
+				i := r.IntN(n)
+				m := shapedSnapshot(r, 1, shape).Endpoints[0].Metrics
+				stamp(&m)
+				for _, tw := range twins {
+					tw.snap.Endpoints[i].Metrics = m
+					tw.snap.MetricsChanged(i)
+				}
+			}
+		case k < 36: // the clock moves
+			c.now = c.now.Add(time.Duration(r.IntN(1500)) * time.Millisecond)
+		case k < 38: // identities rewritten in place: endpoints swap places
+			perm := r.Perm(n)
+			next := fresh()
+			for i := range next.Endpoints {
+				next.Endpoints[i].ID, next.Endpoints[i].Address = base.Endpoints[perm[i]].ID, base.Endpoints[perm[i]].Address
+			}
+			for _, tw := range twins {
+				copy(tw.snap.Endpoints, next.Endpoints)
+				tw.snap.Changed()
+			}
+		default: // a new snapshot
+			next := fresh()
+			for _, tw := range twins {
+				tw.snap = copySnapshot(next)
+			}
+		}
+	}
+	return fast, decisions
 }

@@ -76,6 +76,9 @@ type Profile struct {
 	fast fastPath
 	// fastFlat: fast also decides on the index's values alone (fastflat.go).
 	fastFlat bool
+	// fused decides the prefix-aware shape without the index
+	// (fusedprefix.go); nil otherwise.
+	fused *fusedPrefix
 }
 
 // Paths lists the Result.Path values a cycle run by this profile can

@@ -32,6 +32,11 @@ func (p *MaxScorePicker) Pick(c *Cycle, candidates []*Endpoint, scores []float64
 	if scores == nil {
 		return c.Rand.IntN(len(candidates))
 	}
+	return maxScoreIndex(c, scores)
+}
+
+// maxScoreIndex is MaxScorePicker's choice among scores (not empty).
+func maxScoreIndex(c *Cycle, scores []float64) int {
 	best, ties := scores[0], 1
 	for _, s := range scores[1:] {
 		switch {

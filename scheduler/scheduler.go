@@ -199,6 +199,7 @@ func New(cfg Config, reg *Registry, opts Options) (*Scheduler, error) {
 		if !containsProfile(s.profiles, p) {
 			p.fast = fastPathFor(p, s.index)
 			_, p.fastFlat = p.fast.(flatPath)
+			p.fused = newFusedPrefix(p)
 			s.profiles = append(s.profiles, p)
 		}
 	}
@@ -367,6 +368,11 @@ func (s *Scheduler) Schedule(req *Request, snap *Snapshot) Result {
 	prof := s.ProfileFor(req.Criticality)
 	if prof.fast != nil && s.indexed(c, snap, prof.fastFlat) {
 		if res, ok := s.fastSchedule(c, prof, snap); ok {
+			return res
+		}
+	}
+	if prof.fused != nil {
+		if res, ok := prof.fused.schedule(s, c, snap); ok {
 			return res
 		}
 	}

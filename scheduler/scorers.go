@@ -86,16 +86,20 @@ const (
 func (s *LoRAAffinityScorer) Score(c *Cycle, candidates []*Endpoint, scores []float64) {
 	target := c.TargetModel()
 	for i, e := range candidates {
-		m := &e.Metrics
-		switch {
-		case m.HasActiveModel(target):
-			scores[i] = LoRAScoreActive
-		case len(m.ActiveModels)+len(m.WaitingModels) < m.MaxActiveModels:
-			scores[i] = LoRAScoreFreeSlot
-		case m.HasWaitingModel(target):
-			scores[i] = LoRAScoreWaiting
-		default:
-			scores[i] = 0
-		}
+		scores[i] = loraAffinityScore(&e.Metrics, target)
 	}
+}
+
+// loraAffinityScore is the LoRA affinity score of an endpoint with metrics m
+// for the target adapter.
+func loraAffinityScore(m *Metrics, target string) float64 {
+	switch {
+	case m.HasActiveModel(target):
+		return LoRAScoreActive
+	case len(m.ActiveModels)+len(m.WaitingModels) < m.MaxActiveModels:
+		return LoRAScoreFreeSlot
+	case m.HasWaitingModel(target):
+		return LoRAScoreWaiting
+	}
+	return 0
 }
