@@ -67,37 +67,47 @@ type fastPrefix struct {
 	scorePick
 }
 
+// prefixProfile recognises the prefix-aware shape: [shed-filter,]
+// prefix-affinity-filter, scorers of the kinds scoreSpec computes,
+// max-score picker. f is nil when p is not of it.
+func prefixProfile(p *Profile) (sh *ShedFilter, f *PrefixAffinityFilter, spec *scoreSpec) {
+	if _, ok := p.Picker.(*MaxScorePicker); !ok {
+		return nil, nil, nil
+	}
+	if spec = newScoreSpec(p); spec == nil {
+		return nil, nil, nil
+	}
+	filters := p.Filters
+	if len(filters) == 2 {
+		var ok bool
+		if sh, ok = filters[0].(*ShedFilter); !ok {
+			return nil, nil, nil
+		}
+		filters = filters[1:]
+	}
+	if len(filters) != 1 {
+		return nil, nil, nil
+	}
+	if f, _ = filters[0].(*PrefixAffinityFilter); f == nil {
+		return nil, nil, nil
+	}
+	return sh, f, spec
+}
+
 // declined is a fast path's answer when it cannot decide this request
 // (before it has drawn or set anything): the Scheduler scans instead.
 const declined = -2
 
 func newFastPrefix(p *Profile, x *snapIndex) *fastPrefix {
-	if _, ok := p.Picker.(*MaxScorePicker); !ok {
+	sh, f, spec := prefixProfile(p)
+	if f == nil {
 		return nil
 	}
-	spec := newScoreSpec(p)
-	if spec == nil {
-		return nil
-	}
-	fp := &fastPrefix{prof: p, spec: spec}
-	filters := p.Filters
+	fp := &fastPrefix{prof: p, spec: spec, f: f, shed: sh != nil}
 	shedCap := -1
-	if len(filters) == 2 {
-		sh, ok := filters[0].(*ShedFilter)
-		if !ok {
-			return nil
-		}
-		fp.shed, shedCap = true, x.capacityClass(sh.QueueThreshold, sh.KVCacheThreshold)
-		filters = filters[1:]
+	if sh != nil {
+		shedCap = x.capacityClass(sh.QueueThreshold, sh.KVCacheThreshold)
 	}
-	if len(filters) != 1 {
-		return nil
-	}
-	f, ok := filters[0].(*PrefixAffinityFilter)
-	if !ok {
-		return nil
-	}
-	fp.f = f
 	for k, c := range []int{-1, shedCap} {
 		if k == 1 && !fp.shed {
 			break

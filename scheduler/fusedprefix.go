@@ -56,31 +56,11 @@ type fusedPrefix struct {
 // shape (or has no scorers: the picker would then draw for any number of
 // candidates, which the fused path does not reproduce).
 func newFusedPrefix(p *Profile) *fusedPrefix {
-	if _, ok := p.Picker.(*MaxScorePicker); !ok || len(p.Scorers) == 0 {
+	sh, f, spec := prefixProfile(p)
+	if f == nil || len(p.Scorers) == 0 {
 		return nil
 	}
-	spec := newScoreSpec(p)
-	if spec == nil {
-		return nil
-	}
-	fp := &fusedPrefix{prof: p, spec: spec}
-	filters := p.Filters
-	if len(filters) == 2 {
-		sh, ok := filters[0].(*ShedFilter)
-		if !ok {
-			return nil
-		}
-		fp.shed, filters = sh, filters[1:]
-	}
-	if len(filters) != 1 {
-		return nil
-	}
-	f, ok := filters[0].(*PrefixAffinityFilter)
-	if !ok {
-		return nil
-	}
-	fp.f = f
-	return fp
+	return &fusedPrefix{prof: p, shed: sh, f: f, spec: spec}
 }
 
 // schedule is Scheduler.Schedule for fp's profile without the index;
