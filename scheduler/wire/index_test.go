@@ -183,3 +183,18 @@ func TestSetTimeKeepsTheInstant(t *testing.T) {
 		require.Equal(t, v, dst) // monotonic reading too
 	}
 }
+
+// TestSetUnixNanoIsTimeUnix: setUnixNano writes time.Unix's words itself
+// once the location is there; the result is time.Unix(0, ns) exactly.
+func TestSetUnixNanoIsTimeUnix(t *testing.T) {
+	var dst time.Time
+	for _, ns := range []int64{1, 999_999_999, 1_000_000_000, 1_700_000_000_123_456_789, 1<<63 - 1, 5, -3} {
+		setUnixNano(&dst, ns)
+		want := time.Unix(0, ns)
+		require.Equal(t, want, dst, "ns %d", ns)
+		require.Equal(t, unixLoc, (*timeWords)(unsafe.Pointer(&dst)).loc)
+	}
+	dst = time.Unix(0, 5).UTC() // another location: taken whole
+	setUnixNano(&dst, 7)
+	require.Equal(t, time.Unix(0, 7), dst)
+}
