@@ -112,7 +112,9 @@ type Config struct {
 	// the snapshot from shared data; a request re-reads it itself only
 	// when the last re-read is older than twice this (ticks late or not
 	// delivered). "0s": every request re-reads (no tick for it). Absent:
-	// DefaultSnapshotRefresh. Use SnapshotRefresh for the value.
+	// DefaultSnapshotRefresh, or a quarter of StaleAfter when that is
+	// shorter (whole milliseconds; 0 under 1ms). Use SnapshotRefresh for
+	// the value.
 	SnapshotRefreshInterval *Duration `json:"snapshotRefreshInterval,omitempty"`
 
 	DestinationHeader string `json:"destinationHeader,omitempty"`
@@ -324,7 +326,9 @@ func (c *Config) applyDefaults() {
 		c.StaleAfter = Duration(DefaultStaleAfter)
 	}
 	if c.SnapshotRefreshInterval == nil {
-		d := Duration(DefaultSnapshotRefresh)
+		// A quarter of staleAfter when that is shorter (validate's bound);
+		// under 1ms, none: every request re-reads.
+		d := Duration(min(DefaultSnapshotRefresh, (time.Duration(c.StaleAfter) / 4).Truncate(time.Millisecond)))
 		c.SnapshotRefreshInterval = &d
 	}
 	if c.WhenNoFreshEndpoint == "" {

@@ -217,6 +217,9 @@ func TestSnapshotRefreshInterval(t *testing.T) {
 		{`{"snapshotRefreshInterval": "0s"}`, 0},
 		{`{"snapshotRefreshInterval": "5ms"}`, 5 * time.Millisecond},
 		{`{"snapshotRefreshInterval": "500ms"}`, 500 * time.Millisecond},
+		{`{"staleAfter": "60ms"}`, 15 * time.Millisecond},
+		{`{"staleAfter": "6ms"}`, time.Millisecond},
+		{`{"staleAfter": "3ms"}`, 0},
 	} {
 		c, err := Decode([]byte(tc.doc))
 		require.NoError(t, err, tc.doc)
