@@ -236,16 +236,32 @@ func (x *snapIndex) flatRead(snap *Snapshot, oldest time.Time) bool {
 	eps := snap.Endpoints[:x.n]
 	w, r, kv, flags := x.w[:x.n], x.r[:x.n], x.kv[:x.n], x.flags[:x.n]
 	always := x.staleAfter <= 0
+	// Fresh is not Before(oldest). When oldest carries no monotonic
+	// reading Before compares wall clocks, here as seconds (Unix, which
+	// wraps only for times some 292 billion years before year 1) and then
+	// nanoseconds, without Before's branches: in the guest they cost more
+	// than the rest of the pass.
+	wall := oldest == oldest.Round(0)
+	osec, onsec := oldest.Unix(), oldest.Nanosecond()
 	fresh, bad := 0, 0
 	for i := range eps {
 		m := &eps[i].Metrics
+		var f int
+		switch {
+		case always:
+			f = 1
+		case wall:
+			s := m.UpdateTime.Unix()
+			f = one(s > osec) | one(s == osec)&one(m.UpdateTime.Nanosecond() >= onsec)
+		default:
+			f = one(!m.UpdateTime.Before(oldest))
+		}
 		q, run, u := m.WaitingQueueSize, m.RunningQueueSize, m.KVCacheUsage
 		if u != u {
 			u = 1 // kvUsage
 		}
 		u += 0 // -0 as +0
 		w[i], r[i], kv[i] = q, run, u
-		f := one(always || !m.UpdateTime.Before(oldest))
 		b := one(uint(q+badMagnitude) > 2*badMagnitude) | one(uint(run+badMagnitude) > 2*badMagnitude) | one(math.IsInf(u, 0))
 		flags[i] = uint8(f | one(len(m.ActiveModels)+len(m.WaitingModels) < m.MaxActiveModels)<<1 | b<<2)
 		fresh += f

@@ -512,13 +512,22 @@ func TestFlatDecisionsUnderChurnEqualScanned(t *testing.T) {
 				r := newRand(uint64(1000*ci) + uint64(shape))
 				n := 200 + r.IntN(400)
 				c := newTwinClock(r)
+				monotonic := shape%2 == 1 // a clock with monotonic readings, and update times with or without them
+				if monotonic {
+					c.now = time.Now()
+				}
 				seed := r.Uint64()
 				opts := func(minEndpoints int) Options {
 					return Options{Rand: rand.NewPCG(seed, 7), Now: c.read, StaleAfter: c.staleAfter, FailOpen: true, IndexMinEndpoints: minEndpoints}
 				}
 				indexed, scanned := newScheduler(t, cfg, opts(1)), newScheduler(t, cfg, opts(-1))
 				x := indexed.index
-				stamp := func(m *Metrics) { m.UpdateTime = c.now.Add(-time.Duration(r.IntN(3000)) * time.Millisecond) }
+				stamp := func(m *Metrics) {
+					m.UpdateTime = c.now.Add(-time.Duration(r.IntN(3000)) * time.Millisecond)
+					if monotonic && r.IntN(3) == 0 {
+						m.UpdateTime = m.UpdateTime.Round(0)
+					}
+				}
 				a := shapedSnapshot(r, n, shape)
 				for i := range a.Endpoints {
 					stamp(&a.Endpoints[i].Metrics)
