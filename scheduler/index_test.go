@@ -611,3 +611,33 @@ func TestEqualStringIsEquality(t *testing.T) {
 		}
 	}
 }
+
+// TestFlatDecisionsAllocateNothing: under churn faster than decisions
+// every decision is flat, and once its lists have grown to the snapshot
+// none allocates.
+func TestFlatDecisionsAllocateNothing(t *testing.T) {
+	for _, cfg := range []string{`{"profile": "decision-tree"}`, `{"profile": "least-request"}`, `{"profile": "random"}`} {
+		o := seeded(1)
+		o.IndexMinEndpoints = 1
+		s := newScheduler(t, cfg, o)
+		r := newRand(9)
+		snap := randomSnapshot(r, 500)
+		reqs := benchRequests()
+		flat := 0
+		step := func(i int) {
+			for e := range snap.Endpoints {
+				drift(r, &snap.Endpoints[e].Metrics)
+			}
+			snap.MetricsChangedRange(0, len(snap.Endpoints))
+			s.Schedule(reqs[i%len(reqs)], snap)
+			flat += b2i(s.index.flat)
+			s.LeastLoaded(snap)
+		}
+		for i := range 100 {
+			step(i)
+		}
+		require.Greater(t, flat, 90, cfg)
+		i := 0
+		require.Zero(t, testing.AllocsPerRun(200, func() { step(i); i++ }), cfg)
+	}
+}
