@@ -202,31 +202,34 @@ func (s *UsageScanner) search(p []byte, i int) int {
 }
 
 // indexUsageToken returns the offset of the first usageToken in p from
-// i, or -1. It looks for quotes a word at a time: bytes.Index has no
-// vector code in a Wasm guest and cost as much as tokenizing.
+// i, or -1. It looks a word at a time for quotes, and in a word that has
+// some, for a quote followed by a 'u' (the masks of the word and of the
+// word a byte on, and-ed), so other strings' quotes cost little, and no
+// byte loop runs: bytes.Index has no vector code in a Wasm guest and
+// cost as much as tokenizing. The masks may flag extra bytes above a
+// real one, never miss one; each candidate is compared.
 func indexUsageToken(p []byte, i int) int {
 	const ones, highs = 0x0101010101010101, 0x8080808080808080
-	for {
-		for i+8 <= len(p) {
-			q := binary.LittleEndian.Uint64(p[i:]) ^ (ones * '"')
-			if m := (q - ones) &^ q & highs; m != 0 {
-				i += bits.TrailingZeros64(m) >> 3 // the first quote
-				break
+	for ; i+9 <= len(p); i += 8 {
+		q := binary.LittleEndian.Uint64(p[i:]) ^ (ones * '"')
+		m := (q - ones) &^ q & highs
+		if m == 0 {
+			continue // no quote: most words of a long completion
+		}
+		u := binary.LittleEndian.Uint64(p[i+1:]) ^ (ones * 'u')
+		for m &= (u - ones) &^ u; m != 0; m &= m - 1 {
+			k := i + bits.TrailingZeros64(m)>>3
+			if k+len(usageToken) <= len(p) && string(p[k:k+len(usageToken)]) == usageToken {
+				return k
 			}
-			i += 8
 		}
-		for i < len(p) && p[i] != '"' {
-			i++
-		}
-		if i+len(usageToken) > len(p) {
-			return -1
-		}
-		// Most quotes start other strings: one byte tells.
-		if p[i+1] == 'u' && string(p[i:i+len(usageToken)]) == usageToken {
+	}
+	for ; i+len(usageToken) <= len(p); i++ {
+		if p[i] == '"' && string(p[i:i+len(usageToken)]) == usageToken {
 			return i
 		}
-		i++
 	}
+	return -1
 }
 
 // readUsage reads the usage value after the "usage" string at p[k] when

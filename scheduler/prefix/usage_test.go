@@ -286,3 +286,27 @@ func TestUsageReadWholeIsTheTokenizersReading(t *testing.T) {
 		t.Fatal("a chat response's usage was not read whole")
 	}
 }
+
+// TestIndexUsageTokenIsTheFirstOccurrence checks the word-at-a-time search
+// against strings.Index from every start, on strings dense in quotes, 'u's
+// and partial tokens (where the masks flag extra candidates).
+func TestIndexUsageTokenIsTheFirstOccurrence(t *testing.T) {
+	r := rand.New(rand.NewPCG(7, 8))
+	pieces := []string{`"`, `u`, `"u`, `"usag`, `"usage`, `"usage"`, `\"usage"`, `x`, `"usagE"`, `uu"`}
+	for range 3000 {
+		var b strings.Builder
+		for range r.IntN(12) {
+			b.WriteString(pieces[r.IntN(len(pieces))])
+		}
+		s := b.String()
+		for i := 0; i <= len(s); i++ {
+			want := strings.Index(s[i:], usageToken)
+			if want >= 0 {
+				want += i
+			}
+			if got := indexUsageToken([]byte(s), i); got != want {
+				t.Fatalf("indexUsageToken(%q, %d) = %d, want %d", s, i, got, want)
+			}
+		}
+	}
+}
