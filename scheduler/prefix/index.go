@@ -365,14 +365,15 @@ func (m *Match) set(k uint32, blocks int) {
 // it; shallower entries may have been evicted first). No store call.
 func (x *Index) Lookup(blocks []uint64, m *Match) {
 	m.Reset(len(blocks))
-	step := x.cfg.RecordEvery
+	// The fields are read once: in a Wasm guest each is a load in the
+	// loop, and the loop runs once per recorded position.
+	step, local, bsize, mask := x.cfg.RecordEvery, x.local, x.bsize, x.mask
 	for p := step - 1; p < len(blocks); p += step {
 		h := blocks[p]
-		b := x.localBucket(int(h & x.mask))
-		n := int(binary.LittleEndian.Uint16(b[10:]))
-		e := b[bucketHeader:]
-		for j := 0; j < x.cfg.BucketEntries && n > 0; j++ {
-			ent := e[j*entryBytes : (j+1)*entryBytes]
+		off := int(h&mask) * bsize
+		b := local[off : off+bsize : off+bsize]
+		for n, e := int(binary.LittleEndian.Uint16(b[10:])), bucketHeader; n > 0 && e+entryBytes <= len(b); e += entryBytes {
+			ent := b[e : e+entryBytes : e+entryBytes]
 			ep := binary.LittleEndian.Uint32(ent[8:])
 			if ep == 0 {
 				continue
