@@ -126,8 +126,9 @@
 //	wasm_epp.snapshot.decodes       counter: snapshots decoded (once per change per VM)
 //	wasm_epp.snapshot.decode_errors counter: stored snapshots that failed to decode
 //	wasm_epp.snapshot.request_refreshes counter: requests that re-read the snapshot
-//	                                themselves (the tick's last re-read older than
-//	                                twice snapshotRefreshInterval)
+//	                                themselves (the last re-read older than twice
+//	                                snapshotRefreshInterval: ticks late, or the
+//	                                VM had no requests for 256 ticks)
 //	wasm_epp.snapshot.age_ms        gauge: now minus the snapshot's newest push
 //	wasm_epp.snapshot.endpoints     gauge: endpoints in the current snapshot
 //	wasm_epp.schedule_us            histogram: time spent in the scheduler per request
