@@ -39,6 +39,25 @@ func BenchmarkHashHostBody(b *testing.B) {
 	}
 }
 
+// BenchmarkHashHostBodyNoEscapes is BenchmarkHashHostBody as the plugin
+// hashes it: the filter's parser found no backslash in the body.
+func BenchmarkHashHostBodyNoEscapes(b *testing.B) {
+	for _, kib := range []int{4, 256} {
+		msgs, _ := hostBenchBody(kib)
+		b.Run(fmt.Sprintf("%dKiB", kib), func(b *testing.B) {
+			h := newTestHasher(b, HashConfig{})
+			h.SetNoEscapes(true)
+			b.SetBytes(int64(len(msgs)))
+			for b.Loop() {
+				if err := h.HashMessages("chat", nil, nil, msgs); err != nil {
+					b.Fatal(err)
+				}
+			}
+			reportPerKiB(b, len(msgs))
+		})
+	}
+}
+
 func BenchmarkUsageScanHostResponse(b *testing.B) {
 	_, resp := hostBenchBody(4)
 	var s UsageScanner

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"slices"
+	"strings"
 	"testing"
 )
 
@@ -20,6 +21,8 @@ func FuzzHash(f *testing.F) {
 		`[{"role":"assistant","content":null,"tool_calls":[{"id":"c","function":{"name":"f","arguments":"{}"}}]},{"role":"tool","tool_call_id":"c","content":"42"}]`,
 		`[{"role":"user","content": "spaced value"},{"role":"user","content":"x","name":"n"},{"role":"user" ,"content":"y"}]`,
 		`[{"role":"system","content":"0123456789012345678901234567890123456789012345678901234567890123456789\"q\"0123456789012345678901234567890123456789012345678901234567890123456789"}]`,
+		`[{"role":"user","content":"` + strings.Repeat("plain text without any escape. ", 9) + `"},{"role":"user","content":"` + strings.Repeat("more: ", 30) + `"}]`,
+		`"` + strings.Repeat("a prompt string that is long enough. ", 8) + `"`,
 		`"plain prompt"`, `[1,2,3]`, `[[1,2],[3]]`, `["a","b"]`, `[`, `"\u12`, `[{"role":"u","content":[{"type":"x","v":[[[[]]]]}]}]`,
 	} {
 		f.Add([]byte(s))
@@ -81,6 +84,23 @@ func checkChatForms(t *testing.T, h *Hasher, data []byte) {
 		err2 := h.HashMessages("m", nil, nil, other)
 		if (err == nil) != (err2 == nil) || (err == nil && !slices.Equal(want, h.Blocks())) {
 			t.Fatalf("messages (%d-byte blocks): the form changed the result: %v/%v\n%q\n%q", h.cfg.BlockBytes, err, err2, data, other)
+		}
+	}
+	// Told that there is no backslash (as the filter's parser says of a
+	// body without one), the hasher looks for quotes alone: the same
+	// hashes, for a chat and a prompt.
+	if !bytes.Contains(data, []byte{'\\'}) {
+		errPrompt := h.HashPrompt("m", nil, data)
+		prompt := slices.Clone(h.Blocks())
+		h.SetNoEscapes(true)
+		defer h.SetNoEscapes(false)
+		err2 := h.HashMessages("m", nil, nil, data)
+		if (err == nil) != (err2 == nil) || (err == nil && !slices.Equal(want, h.Blocks())) {
+			t.Fatalf("messages (%d-byte blocks): no-escape scanning changed the result: %v/%v\n%q", h.cfg.BlockBytes, err, err2, data)
+		}
+		errPrompt2 := h.HashPrompt("m", nil, data)
+		if (errPrompt == nil) != (errPrompt2 == nil) || (errPrompt == nil && !slices.Equal(prompt, h.Blocks())) {
+			t.Fatalf("prompt (%d-byte blocks): no-escape scanning changed the result: %v/%v\n%q", h.cfg.BlockBytes, errPrompt, errPrompt2, data)
 		}
 	}
 }

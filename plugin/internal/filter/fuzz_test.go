@@ -1,6 +1,7 @@
 package filter
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
 	"slices"
@@ -20,6 +21,7 @@ import (
 func FuzzParseRequest(f *testing.F) {
 	for _, s := range []string{
 		`{"model":"llama","messages":[{"role":"user","content":"hi"}],"stream":true}`,
+		`{"model":"a","messages":[{"role":"user","content":"line\none"}]}`, `{"model":"a","x\"y":1}`,
 		`{"model":"a","model":"b"}`, `{"model":"a"`, `{"model":"a","stream":"yes","str\u0065am":true}`, `[{"model":"a"}]`, `{"model":"a\u0000"}`,
 	} {
 		f.Add([]byte(s))
@@ -49,6 +51,10 @@ func FuzzParseRequest(f *testing.F) {
 			// "stream" is read as vLLM's parser reads keys: the last copy.
 			if want := string(top["stream"]) == "true"; p.Stream != want {
 				t.Fatalf("stream %t, encoding/json's last copy is %q", p.Stream, top["stream"])
+			}
+			// The prefix hasher trusts this to mean no backslash at all.
+			if want := !bytes.Contains(body, []byte{'\\'}); p.NoEscapes != want {
+				t.Fatalf("NoEscapes %t for %q", p.NoEscapes, body)
 			}
 			return
 		}

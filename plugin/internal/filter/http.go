@@ -242,7 +242,7 @@ func (c *httpContext) onRequestBody(bodySize int, endOfStream bool) types.Action
 	if r.prefix != nil {
 		start := r.clock.Since()
 		err := r.prefix.Hash(target, prefixroute.Prompt{Prompt: Raw(body, p.Prompt), Messages: Raw(body, p.Messages),
-			Tools: Raw(body, p.Tools), CacheSalt: Raw(body, p.CacheSalt)})
+			Tools: Raw(body, p.Tools), CacheSalt: Raw(body, p.CacheSalt), NoEscapes: p.NoEscapes})
 		if err != nil {
 			return c.refuse(outBadRequest, string(ReasonInvalidField), strings.TrimPrefix(err.Error(), "prefix: "))
 		}

@@ -51,6 +51,14 @@ type member struct {
 // object). onMember may return false to abandon the scan early; the result
 // is then (false, nil) and the document is not fully validated.
 func scanJSON(doc []byte, onMember func(m member) bool) (ok bool, err *jsonError) {
+	ok, _, err = scanJSONEscapes(doc, onMember)
+	return ok, err
+}
+
+// scanJSONEscapes is scanJSON that also reports whether any string (key or
+// value) held a backslash escape: a valid document without one holds no
+// backslash at all, which the prefix hasher can use.
+func scanJSONEscapes(doc []byte, onMember func(m member) bool) (ok, escapes bool, err *jsonError) {
 	// stack holds one bit per open container: 1 object, 0 array.
 	var stack [maxJSONDepth / 64]uint64
 	depth := 0
@@ -79,12 +87,12 @@ func scanJSON(doc []byte, onMember func(m member) bool) (ok bool, err *jsonError
 	for {
 		i = skipSpace(doc, i)
 		if i >= n {
-			return scanFailure(jsonSyntax, i)
+			return fail3(jsonSyntax, i)
 		}
 		switch c := doc[i]; {
 		case c == '{':
 			if !push(true) {
-				return scanFailure(jsonTooDeep, i)
+				return fail3(jsonTooDeep, i)
 			}
 			i = skipSpace(doc, i+1)
 			if i < n && doc[i] == '}' {
@@ -93,13 +101,13 @@ func scanJSON(doc []byte, onMember func(m member) bool) (ok bool, err *jsonError
 				break // an empty object is a complete value
 			}
 			var e *jsonError
-			if i, e = scanKey(doc, i, depth == 1 && topObject, &cur); e != nil {
-				return false, e
+			if i, e = scanKey(doc, i, depth == 1 && topObject, &cur, &escapes); e != nil {
+				return false, false, e
 			}
 			continue // the member's value comes next
 		case c == '[':
 			if !push(false) {
-				return scanFailure(jsonTooDeep, i)
+				return fail3(jsonTooDeep, i)
 			}
 			i = skipSpace(doc, i+1)
 			if i < n && doc[i] == ']' {
@@ -109,34 +117,35 @@ func scanJSON(doc []byte, onMember func(m member) bool) (ok bool, err *jsonError
 			}
 			continue // the first element comes next
 		case c == '"':
-			end, _ := scanString(doc, i+1)
+			end, esc := scanString(doc, i+1)
+			escapes = escapes || esc
 			if end < 0 {
-				return scanFailure(jsonSyntax, -end-1)
+				return fail3(jsonSyntax, -end-1)
 			}
 			i = end
 		case c == '-' || (c >= '0' && c <= '9'):
 			end := scanNumber(doc, i)
 			if end < 0 {
-				return scanFailure(jsonSyntax, -end-1)
+				return fail3(jsonSyntax, -end-1)
 			}
 			i = end
 		case c == 't':
 			if !hasLiteral(doc, i, "true") {
-				return scanFailure(jsonSyntax, i)
+				return fail3(jsonSyntax, i)
 			}
 			i += 4
 		case c == 'f':
 			if !hasLiteral(doc, i, "false") {
-				return scanFailure(jsonSyntax, i)
+				return fail3(jsonSyntax, i)
 			}
 			i += 5
 		case c == 'n':
 			if !hasLiteral(doc, i, "null") {
-				return scanFailure(jsonSyntax, i)
+				return fail3(jsonSyntax, i)
 			}
 			i += 4
 		default:
-			return scanFailure(jsonSyntax, i)
+			return fail3(jsonSyntax, i)
 		}
 
 		// A value ended at i. Close containers and find the next value.
@@ -145,27 +154,27 @@ func scanJSON(doc []byte, onMember func(m member) bool) (ok bool, err *jsonError
 				cur.end = i
 				cur.pending = false
 				if !onMember(cur) {
-					return false, nil
+					return false, escapes, nil
 				}
 			}
 			if depth == 0 {
 				i = skipSpace(doc, i)
 				if i != n {
-					return scanFailure(jsonTrailing, i)
+					return fail3(jsonTrailing, i)
 				}
-				return true, nil
+				return true, escapes, nil
 			}
 			i = skipSpace(doc, i)
 			if i >= n {
-				return scanFailure(jsonSyntax, i)
+				return fail3(jsonSyntax, i)
 			}
 			c := doc[i]
 			if c == ',' {
 				i = skipSpace(doc, i+1)
 				if isObject() {
 					var e *jsonError
-					if i, e = scanKey(doc, i, depth == 1 && topObject, &cur); e != nil {
-						return false, e
+					if i, e = scanKey(doc, i, depth == 1 && topObject, &cur, &escapes); e != nil {
+						return false, false, e
 					}
 				}
 				break // parse the next value
@@ -175,9 +184,14 @@ func scanJSON(doc []byte, onMember func(m member) bool) (ok bool, err *jsonError
 				i++
 				continue // the container is a value that just ended
 			}
-			return scanFailure(jsonSyntax, i)
+			return fail3(jsonSyntax, i)
 		}
 	}
+}
+
+// fail3 is scanFailure for scanJSONEscapes.
+func fail3(kind jsonErrorKind, at int) (bool, bool, *jsonError) {
+	return false, false, &jsonError{kind: kind, offset: at}
 }
 
 // scanFailure is a failed scan.
@@ -188,7 +202,7 @@ func scanFailure(kind jsonErrorKind, at int) (bool, *jsonError) {
 // scanKey parses `"key" :` at i (which is past any whitespace) and returns
 // the offset after the colon and its whitespace, where the value starts. When
 // record is set it fills cur with the key and the value's start.
-func scanKey(doc []byte, i int, record bool, cur *member) (int, *jsonError) {
+func scanKey(doc []byte, i int, record bool, cur *member, escapes *bool) (int, *jsonError) {
 	n := len(doc)
 	if i >= n || doc[i] != '"' {
 		return 0, &jsonError{kind: jsonSyntax, offset: i}
@@ -197,6 +211,7 @@ func scanKey(doc []byte, i int, record bool, cur *member) (int, *jsonError) {
 	if end < 0 {
 		return 0, &jsonError{kind: jsonSyntax, offset: -end - 1}
 	}
+	*escapes = *escapes || escaped
 	keyStart, keyEnd := i+1, end-1
 	i = skipSpace(doc, end)
 	if i >= n || doc[i] != ':' {

@@ -56,6 +56,10 @@ type Parsed struct {
 	// StreamUsage is "stream_options": {"include_usage": true}: a stream
 	// that ends with a usage chunk.
 	StreamUsage bool
+	// NoEscapes: no string of the body holds a backslash escape, so the
+	// body holds no backslash at all (the prefix hasher then looks for
+	// quotes alone).
+	NoEscapes bool
 }
 
 // Raw returns the value of span s in body, nil when absent.
@@ -150,7 +154,7 @@ func parseRequest(body []byte, maxModelLen int, known func([]byte) (string, bool
 	var spans [numFields]member
 	var seen [numFields]bool
 	var dup = -1
-	ok, jerr := scanJSON(body, func(m member) bool {
+	ok, escapes, jerr := scanJSONEscapes(body, func(m member) bool {
 		f := fieldOf(body, m)
 		if f < 0 {
 			return true
@@ -183,7 +187,7 @@ func parseRequest(body []byte, maxModelLen int, known func([]byte) (string, bool
 		return Parsed{}, badRequest(ReasonMissingModel, "the request body has no \"model\" field")
 	}
 
-	p := Parsed{Prompt: absentSpan, Messages: absentSpan, Tools: absentSpan, CacheSalt: absentSpan}
+	p := Parsed{Prompt: absentSpan, Messages: absentSpan, Tools: absentSpan, CacheSalt: absentSpan, NoEscapes: !escapes}
 	m := spans[fieldModel]
 	raw := body[m.start:m.end]
 	if raw[0] != '"' {

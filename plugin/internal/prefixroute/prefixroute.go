@@ -96,6 +96,8 @@ func (t *Tracker) Index() *prefix.Index { return t.index }
 // values, nil when absent.
 type Prompt struct {
 	Prompt, Messages, Tools, CacheSalt []byte
+	// NoEscapes: the body holds no backslash (the parser saw no escape).
+	NoEscapes bool
 }
 
 // Hash hashes a request for target and reports a prompt shape the hasher
@@ -104,6 +106,7 @@ type Prompt struct {
 // caller's clock.
 func (t *Tracker) Hash(target string, p Prompt) error {
 	var err error
+	t.hasher.SetNoEscapes(p.NoEscapes)
 	switch {
 	case p.Messages != nil:
 		err = t.hasher.HashMessages(target, p.CacheSalt, p.Tools, p.Messages)
