@@ -86,6 +86,11 @@ func (fp *fusedPrefix) schedule(s *Scheduler, c *Cycle, snap *Snapshot) (Result,
 	if staleness {
 		oldest = c.Now().Add(-s.staleAfter)
 	}
+	// Fresh is not Before(oldest), compared as the index's flat read does
+	// (fastflat.go): without a monotonic reading in oldest, seconds then
+	// nanoseconds, which in the guest costs less than Before's call.
+	wall := oldest == oldest.Round(0)
+	osec, onsec := oldest.Unix(), oldest.Nanosecond()
 	shedding := fp.shed != nil && req.shed()
 	f := fp.f
 	matches := 0
@@ -93,14 +98,23 @@ func (fp *fusedPrefix) schedule(s *Scheduler, c *Cycle, snap *Snapshot) (Result,
 		matches = t.match.Len()
 	}
 	cands, holders := fp.cands[:0], fp.holders[:0]
-	fresh, total, seen, pool := 0, 0, 0, 0
+	nFresh, total, seen, pool := 0, 0, 0, 0
 	for i := range snap.Endpoints {
 		m := &snap.Endpoints[i].Metrics
-		if staleness && m.UpdateTime.Before(oldest) {
-			res.Stale++
-			continue
+		if staleness {
+			fresh := 0
+			if wall {
+				sec := m.UpdateTime.Unix()
+				fresh = one(sec > osec) | one(sec == osec)&one(m.UpdateTime.Nanosecond() >= onsec)
+			} else {
+				fresh = one(!m.UpdateTime.Before(oldest))
+			}
+			if fresh == 0 {
+				res.Stale++
+				continue
+			}
 		}
-		fresh++
+		nFresh++
 		kv := m.KVCacheUsage
 		if math.IsNaN(kv) {
 			kv = 1 // kvUsage
@@ -132,7 +146,7 @@ func (fp *fusedPrefix) schedule(s *Scheduler, c *Cycle, snap *Snapshot) (Result,
 	case len(snap.Endpoints) == 0:
 		res.Outcome, res.Path = NoEndpoint, PathNoEndpoint
 		return res, true
-	case fresh == 0:
+	case nFresh == 0:
 		res.Outcome, res.Path = AllStale, PathAllStale
 		return s.failOpenIfStale(snap, res), true
 	}
