@@ -61,6 +61,7 @@ func TestAgentStopped(t *testing.T) {
 	require.NoError(t, s.StartAgent(t.Context()))
 	poll(t, func() bool { return strict().Status == http.StatusOK },
 		"routing did not recover after the agent returned")
+	awaitRouters() // the other VMs re-read the agent's return on their ticks
 	before := stat(t, s, failOpen)
 	for range 10 {
 		r := complete(t, s, stackModel, 1)

@@ -100,6 +100,9 @@ func TestAgentPushDrivesRouting(t *testing.T) {
 		t.Helper()
 		poll(t, func() bool { return complete(t, s, stackModel, 1).served(s) == want.addr() },
 			"routing never moved to %s", want.name)
+		// One VM deciding on the push does not mean every VM does: each
+		// re-reads on its own tick.
+		awaitRouters()
 		all(want, 20)
 	}
 	follows(a)
