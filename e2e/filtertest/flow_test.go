@@ -395,12 +395,13 @@ func TestFlowHoldsFromTheTrailersCallback(t *testing.T) {
 }
 
 // A new snapshot releases held requests in the first request callback that
-// sees it, before any tick: with the tick at a minute, a critical request
+// sees it, before any tick: with flow control's tick at 10 s and requests
+// re-reading shared data themselves (no refresh tick), a critical request
 // arriving after the snapshot lets the held one go, and both reach pods
 // with their own destinations.
 func TestFlowReleasesOnASnapshotSeenInARequestCallback(t *testing.T) {
 	s := startStack(t, `{"seed": 5, "models": [{"name": "base", "criticality": "Critical"}, {"name": "batch", "criticality": "Sheddable"}],
-	  "flowControl": {"releaseInterval": "10s"}}`, 2, workers(1))
+	  "snapshotRefreshInterval": "0s", "flowControl": {"releaseInterval": "10s"}}`, 2, workers(1))
 	s.setPods(busyPod, busyPod)
 	held := s.async(t.Context(), "/v1/chat/completions", chat("batch"))
 	s.waitStat("wasm_epp.flow.queued.sheddable", 1)
@@ -417,4 +418,22 @@ func TestFlowReleasesOnASnapshotSeenInARequestCallback(t *testing.T) {
 		}
 	}
 	assert.Equal(t, 2, s.received())
+}
+
+// A new snapshot the refresh tick reads releases held requests without
+// waiting for a request or for flow control's tick: with releaseInterval
+// at 10 s and the held request's ttl at 5 s, the held request gets its pod
+// only if the refresh tick (20 ms) let it go before it expired.
+func TestFlowReleasesOnASnapshotTheRefreshTickRead(t *testing.T) {
+	s := startStack(t, `{"seed": 5, "models": [{"name": "batch", "criticality": "Sheddable"}],
+	  "flowControl": {"releaseInterval": "10s", "ttl": "5s"}}`, 1, workers(1))
+	s.setPods(busyPod)
+	held := s.async(t.Context(), "/v1/chat/completions", chat("batch"))
+	s.waitStat("wasm_epp.flow.queued.sheddable", 1)
+	s.setPods(freePod)
+	r := <-held
+	require.Equal(t, http.StatusOK, r.status, "%s", r.body)
+	assert.Equal(t, "pod-0", r.pod)
+	assert.Equal(t, uint64(1), s.stat("wasm_epp.flow.released"))
+	assert.Equal(t, 1, s.received())
 }

@@ -281,6 +281,18 @@ func (g *flowGate) onSnapshot(snap *scheduler.Snapshot, caller *httpContext) {
 	g.publish()
 }
 
+// onRefresh releases what has room on a snapshot the tick's re-read
+// brought, when nothing was released on it yet. Requests decide on what
+// the tick read, so a request callback may never see that snapshot as
+// new, and held requests would otherwise wait for releaseInterval.
+func (g *flowGate) onRefresh(snap *scheduler.Snapshot) {
+	if g.queue.Len() == 0 || (g.releasedAny && g.snapshotTag() == g.releasedOn) {
+		return
+	}
+	g.release(snap, false)
+	g.publish()
+}
+
 // release offers the queue to the scheduler on snap; inCallback: from a
 // request callback (routes only). It returns how many requests it acted on.
 func (g *flowGate) release(snap *scheduler.Snapshot, inCallback bool) int {

@@ -315,9 +315,13 @@ func (r *Router) OnTick() {
 	if r.refreshEvery > 0 && r.idleRereads < maxIdleRereads && r.refreshTick.due(now, r.refreshEvery, tick) {
 		r.idleRereads++
 		vmmem.Maybe()
+		snap := r.refreshShared(now)
 		// The scheduler's index takes what the re-read changed now, when
 		// that is a few endpoints, instead of in the next request's decision.
-		r.sched.Prepare(r.refreshShared(now))
+		r.sched.Prepare(snap)
+		if r.flow != nil {
+			r.flow.onRefresh(snap)
+		}
 	}
 	if r.prefix != nil && r.prefixTick.due(now, r.prefix.TickPeriod(), tick) {
 		r.prefix.Tick()
