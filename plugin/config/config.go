@@ -326,9 +326,7 @@ func (c *Config) applyDefaults() {
 		c.StaleAfter = Duration(DefaultStaleAfter)
 	}
 	if c.SnapshotRefreshInterval == nil {
-		// A quarter of staleAfter when that is shorter (validate's bound);
-		// under 1ms, none: every request re-reads.
-		d := Duration(min(DefaultSnapshotRefresh, (time.Duration(c.StaleAfter) / 4).Truncate(time.Millisecond)))
+		d := Duration(c.SnapshotRefresh())
 		c.SnapshotRefreshInterval = &d
 	}
 	if c.WhenNoFreshEndpoint == "" {
@@ -535,7 +533,9 @@ func validHeaderName(h string) bool {
 // every request re-reads the snapshot).
 func (c *Config) SnapshotRefresh() time.Duration {
 	if c.SnapshotRefreshInterval == nil {
-		return DefaultSnapshotRefresh
+		// A quarter of staleAfter when that is shorter (validate's bound);
+		// under 1ms, none: every request re-reads.
+		return min(DefaultSnapshotRefresh, (time.Duration(c.StaleAfter) / 4).Truncate(time.Millisecond))
 	}
 	return time.Duration(*c.SnapshotRefreshInterval)
 }

@@ -251,13 +251,14 @@ func (g *flowGate) hold(c *httpContext, p *Parsed, m *model, target string, body
 
 // tick is flow control's part of the router's tick (every
 // flowControl.releaseInterval): answer failed releases, expire, release.
-func (g *flowGate) tick() {
+// now is the tick's time (clock.Since), the one the tick's snapshot
+// re-read is stamped with, so the release reuses that re-read.
+func (g *flowGate) tick(now time.Duration) {
 	g.answerFailed()
 	if g.queue.Len() == 0 {
 		return
 	}
 	r := g.r
-	now := r.clock.Since()
 	g.queue.Expire(now, g.expired)
 	if g.queue.Len() > 0 {
 		g.release(r.reread(now), false)

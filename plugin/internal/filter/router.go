@@ -312,6 +312,7 @@ func (r *Router) recycle(c *httpContext) {
 func (r *Router) OnTick() {
 	now := r.clock.Since()
 	tick := r.TickPeriod()
+	flowDue := r.flow != nil && r.flowTick.due(now, r.flow.cfg.ReleaseInterval, tick)
 	if r.refreshEvery > 0 && r.idleRereads < maxIdleRereads && r.refreshTick.due(now, r.refreshEvery, tick) {
 		r.idleRereads++
 		vmmem.Maybe()
@@ -319,15 +320,17 @@ func (r *Router) OnTick() {
 		// The scheduler's index takes what the re-read changed now, when
 		// that is a few endpoints, instead of in the next request's decision.
 		r.sched.Prepare(snap)
-		if r.flow != nil {
+		if r.flow != nil && !flowDue {
+			// Flow control's own tick, when due, expires first and then
+			// releases on this re-read.
 			r.flow.onRefresh(snap)
 		}
 	}
 	if r.prefix != nil && r.prefixTick.due(now, r.prefix.TickPeriod(), tick) {
 		r.prefix.Tick()
 	}
-	if r.flow != nil && r.flowTick.due(now, r.flow.cfg.ReleaseInterval, tick) {
-		r.flow.tick()
+	if flowDue {
+		r.flow.tick(now)
 	}
 }
 
