@@ -7,8 +7,10 @@ import (
 
 // The fused prefix-aware path: the profile [shed-filter,]
 // prefix-affinity-filter, scorers of the five kinds (scoreSpec), max-score
-// picker (the built-in "prefix-aware") decided below the index's size, in
-// a few loops over each fresh endpoint's plain values instead of the
+// picker (the built-in "prefix-aware") decided, whenever the index's fast
+// path does not (below the index's size, and above it on a look the index
+// declines: a new snapshot, churn, values it does not order), in a few
+// loops over each fresh endpoint's plain values instead of the
 // plugins' interface calls per endpoint and scorer. The general path made
 // a 4 KiB prefix-aware request's decision at 8 endpoints cost about 42k
 // host instructions in the Wasm guest, where a trivial call costs about
@@ -17,7 +19,10 @@ import (
 // It decides exactly as the plugins do: the same candidates, filter
 // steps, reuse share, scores (scoreSpec.score adds the same shares in the
 // same order), pick and random draws; TestFusedPrefixAwareEqualsScanned
-// checks it against the plugins over random snapshots and prompts.
+// checks it against the plugins over random snapshots and prompts of up
+// to 40 endpoints with the index off; above the index's size, where
+// indexed and fused decisions interleave on one filter's reuse share,
+// nothing checks it yet.
 // Request.Prefix must be nil or a *PrefixTracker prepared on the snapshot
 // being scheduled; anything else goes to the plugins.
 
