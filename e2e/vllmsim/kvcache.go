@@ -617,7 +617,7 @@ func slotRun(s uint64) int32 { return int32(uint32(s&slotRunMask) - 1) }
 
 func sameFingerprint(s, key uint64) bool { return (s^key)>>40 == 0 }
 
-// chainGroup is how many consecutive blocks of a chain share a home run.
+// chainGroup is how many consecutive blocks of a chain share a home slot range.
 const chainGroup = 8
 
 func newHashIndex(maxEntries int) hashIndex {

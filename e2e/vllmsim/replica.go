@@ -202,8 +202,8 @@ type Request struct {
 	FirstTokenAt time.Duration
 
 	// The fields from here to hashBlock are what hashing a block as a
-	// decode step fills it, and caching it, read: two cache lines
-	// (appendBlockHash, cacheFullBlocks).
+	// decode step fills it, and caching it, read: 128 adjacent bytes,
+	// two or three cache lines (appendBlockHash, cacheFullBlocks).
 	salt uint64 // nonzero: a prompt without token ids (Prompt nil)
 	// hashes[i] is the hash of full block i of the request's tokens (prompt
 	// then generated), computed as tokens arrive (request_block_hasher);

@@ -189,14 +189,9 @@ func scanJSONEscapes(doc []byte, onMember func(m member) bool) (ok, escapes bool
 	}
 }
 
-// fail3 is scanFailure for scanJSONEscapes.
+// fail3 is a failed scan of scanJSONEscapes.
 func fail3(kind jsonErrorKind, at int) (bool, bool, *jsonError) {
 	return false, false, &jsonError{kind: kind, offset: at}
-}
-
-// scanFailure is a failed scan.
-func scanFailure(kind jsonErrorKind, at int) (bool, *jsonError) {
-	return false, &jsonError{kind: kind, offset: at}
 }
 
 // scanKey parses `"key" :` at i (which is past any whitespace) and returns
