@@ -91,6 +91,12 @@ func prefixProfile(p *Profile) (sh *ShedFilter, f *PrefixAffinityFilter, spec *s
 	if f, _ = filters[0].(*PrefixAffinityFilter); f == nil {
 		return nil, nil, nil
 	}
+	// Both fast paths look only at endpoints holding the prompt, which is
+	// the filter's result only for a ratio in (0, 1] (the registry's
+	// range); a filter built in Go with another goes to the plugins.
+	if !(f.KeepRatio > 0 && f.KeepRatio <= 1) {
+		return nil, nil, nil
+	}
 	return sh, f, spec
 }
 
