@@ -150,15 +150,7 @@ func (x *snapIndex) leastLoadedFlat(c *Cycle) int {
 // positions.
 func (f *fastTree) decideFlat(c *Cycle, x *snapIndex) int {
 	t := f.t
-	crit := c.Request.Criticality
-	if crit < Critical || crit > Sheddable {
-		crit = Sheddable
-	}
-	root := t.roots[crit]
-	if c.Request.Admitted {
-		root = t.admitted[crit]
-	}
-	node := &t.nodes[root]
+	node := f.root(c.Request)
 	cur := x.flatFresh(f.flat[0])
 	f.flat[0] = cur[:0]
 	free := 1

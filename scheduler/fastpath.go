@@ -435,20 +435,27 @@ func (f *fastTree) row(c *Cycle, x *snapIndex, step int, w *treeWalk) bool {
 	return true
 }
 
+// root is the tree's first node for req: by its criticality (an unknown
+// one as Sheddable), admitted or not.
+func (f *fastTree) root(req *Request) *treeNode {
+	t := f.t
+	crit := req.Criticality
+	if crit < Critical || crit > Sheddable {
+		crit = Sheddable
+	}
+	root := t.roots[crit]
+	if req.Admitted {
+		root = t.admitted[crit]
+	}
+	return &t.nodes[root]
+}
+
 func (f *fastTree) decide(c *Cycle, x *snapIndex) int {
 	if x.flat {
 		return f.decideFlat(c, x)
 	}
 	t := f.t
-	crit := c.Request.Criticality
-	if crit < Critical || crit > Sheddable {
-		crit = Sheddable
-	}
-	root := t.roots[crit]
-	if c.Request.Admitted {
-		root = t.admitted[crit]
-	}
-	node := &t.nodes[root]
+	node := f.root(c.Request)
 	w := treeWalk{sp: span{o: f.loads[0][0], cap: -1, lo: minEntry, hi: maxEntry}, indexed: true}
 	for node.step >= 0 {
 		kept := f.row(c, x, node.step, &w)
