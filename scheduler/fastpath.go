@@ -299,7 +299,7 @@ func (f *fastTree) step(c *Cycle, x *snapIndex, op *treeOp, sp span, buf *[]*End
 		if sp.cap >= 0 || sp.lo != minEntry || sp.hi != maxEntry {
 			return sp, nil, stepUnhandled
 		}
-		next := span{o: f.loads[op.capacity+1][b2i(sp.free)], cap: op.capacity, free: sp.free, lo: minEntry, hi: maxEntry}
+		next := span{o: f.loads[op.capacity+1][one(sp.free)], cap: op.capacity, free: sp.free, lo: minEntry, hi: maxEntry}
 		if r := x.resolve(&next); r.count() == 0 {
 			return sp, nil, stepEmpty
 		}
@@ -389,13 +389,6 @@ func (f *fastTree) lora(c *Cycle, x *snapIndex, op *treeOp, sp span, buf *[]*End
 	listed := f.list(c, x, &avail, mark, (*buf)[:0])
 	*buf = listed[:0]
 	return sp, listed, stepListed
-}
-
-func b2i(b bool) int {
-	if b {
-		return 1
-	}
-	return 0
 }
 
 // treeWalk is where a walk of the tree is: an indexed span, or (once a

@@ -630,7 +630,7 @@ func TestFlatDecisionsAllocateNothing(t *testing.T) {
 			}
 			snap.MetricsChangedRange(0, len(snap.Endpoints))
 			s.Schedule(reqs[i%len(reqs)], snap)
-			flat += b2i(s.index.flat)
+			flat += one(s.index.flat)
 			s.LeastLoaded(snap)
 		}
 		for i := range 100 {
