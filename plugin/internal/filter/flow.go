@@ -271,7 +271,7 @@ func (g *flowGate) tick(now time.Duration) {
 // streams through the effective context; the caller's own callback acts
 // on its stream again afterwards.
 func (g *flowGate) onSnapshot(snap *scheduler.Snapshot, caller *httpContext) {
-	if g.queue.Len() == 0 || (g.releasedAny && g.snapshotTag() == g.releasedOn) {
+	if !g.newSnapshotToRelease() {
 		return
 	}
 	if g.release(snap, true) > 0 {
@@ -282,12 +282,18 @@ func (g *flowGate) onSnapshot(snap *scheduler.Snapshot, caller *httpContext) {
 	g.publish()
 }
 
+// newSnapshotToRelease tells whether requests are held and nothing was
+// released on the current snapshot yet.
+func (g *flowGate) newSnapshotToRelease() bool {
+	return g.queue.Len() > 0 && !(g.releasedAny && g.snapshotTag() == g.releasedOn)
+}
+
 // onRefresh releases what has room on a snapshot the tick's re-read
 // brought, when nothing was released on it yet. Requests decide on what
 // the tick read, so a request callback may never see that snapshot as
 // new, and held requests would otherwise wait for releaseInterval.
 func (g *flowGate) onRefresh(snap *scheduler.Snapshot) {
-	if g.queue.Len() == 0 || (g.releasedAny && g.snapshotTag() == g.releasedOn) {
+	if !g.newSnapshotToRelease() {
 		return
 	}
 	g.release(snap, false)
