@@ -326,7 +326,17 @@ func (s *Stack) chooseGateway() (Gateway, error) {
 	return g, nil
 }
 
-// freeAddr resolves a host:0 address to a port free right now.
+// handedOut is every port freeAddr returned in this process: a port is
+// free again once freeAddr's probe closes it, and the kernel may give it
+// to the next probe before its first owner binds it (a gateway listener
+// and a replica were seen to get the same one).
+var handedOut struct {
+	sync.Mutex
+	ports map[string]bool
+}
+
+// freeAddr resolves a host:0 address to a port free right now and not
+// handed out before in this process.
 func freeAddr(addr string) (string, error) {
 	if addr == "" {
 		return "", nil
@@ -338,12 +348,24 @@ func freeAddr(addr string) (string, error) {
 	if port != "0" {
 		return addr, nil
 	}
-	ln, err := net.Listen("tcp", net.JoinHostPort(host, "0"))
-	if err != nil {
-		return "", err
+	handedOut.Lock()
+	defer handedOut.Unlock()
+	if handedOut.ports == nil {
+		handedOut.ports = map[string]bool{}
 	}
-	defer ln.Close()
-	return ln.Addr().String(), nil
+	for range 100 {
+		ln, err := net.Listen("tcp", net.JoinHostPort(host, "0"))
+		if err != nil {
+			return "", err
+		}
+		got := ln.Addr().String()
+		ln.Close()
+		if !handedOut.ports[got] {
+			handedOut.ports[got] = true
+			return got, nil
+		}
+	}
+	return "", fmt.Errorf("no port on %s not handed out already", host)
 }
 
 // renderBootstrap writes gateway i's copy of the bootstrap (the first one
