@@ -186,3 +186,52 @@ func TestIdleVMsTickWithoutReReading(t *testing.T) {
 	tick()
 	assert.Equal(t, decodes+4, e.counter("wasm_epp.snapshot.decodes"), "serving again: the tick re-reads")
 }
+
+// A tick on which the snapshot's re-read and flow control's release are
+// both due reads shared data once: flow control expires and releases on
+// the refresh's re-read. The clock moves on every reading, as a real one
+// does, and a relay is stored after the re-read within the tick, as
+// another worker's receiver may: a second read in the same tick would
+// take it (two decodes), and release on it.
+func TestTickWithRefreshAndFlowDueReadsSharedDataOnce(t *testing.T) {
+	mono := time.Second
+	var (
+		e         *env
+		tickStart time.Duration // the tick's first clock reading; 0: not in the test's tick
+		relayed   bool
+	)
+	since := func() time.Duration {
+		mono += time.Microsecond
+		if tickStart == 0 || relayed {
+			return mono
+		}
+		if r := e.vm.root.router; r.refreshed && r.refreshedAt == tickStart {
+			// The tick's re-read is done: a relay lands now.
+			relayed = true
+			e.writePods("node-1", free...)
+		}
+		return mono
+	}
+	e, status := startEnvOpts(t, `{"seed": 3, "models": [{"name": "shed", "criticality": "Sheddable"}],
+	  "snapshotRefreshInterval": "20ms", "flowControl": {"releaseInterval": "20ms"}}`, Options{Mono: since})
+	require.Equal(t, types.OnPluginStartStatusOK, status, "plugin start; error logs: %v", e.host.GetCriticalLogs())
+	e.setPods(busy...)
+	held := e.post("/v1/chat/completions", nil, chat("shed"))
+	e.requireHeld(held)
+	e.host.Tick() // both due from the start: reads the busy pods again, holds
+
+	mono += 20 * time.Millisecond
+	e.writePods("node-1", pod{name: "p0", waiting: 49, kv: 0.95}, busy[1]) // moved, still no room
+	decodes := e.counter("wasm_epp.snapshot.decodes")
+	tickStart = mono + time.Microsecond // the tick's first reading
+	e.host.Tick()
+	require.True(t, relayed, "the relay was stored within the tick, after its re-read")
+	assert.Equal(t, decodes+1, e.counter("wasm_epp.snapshot.decodes"), "one re-read in the tick")
+	assert.Equal(t, "held", e.state(held.id), "not released on a relay its re-read did not take")
+
+	tickStart = 0
+	mono += 20 * time.Millisecond
+	e.host.Tick()
+	assert.Equal(t, decodes+2, e.counter("wasm_epp.snapshot.decodes"), "the next tick reads the relay")
+	assert.Contains(t, []string{"routed 10.0.0.1:8000", "routed 10.0.0.2:8000"}, e.state(held.id), "and releases on it")
+}
