@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"slices"
 	"time"
 
 	"github.com/wasm-epp/wasm-epp/e2e/vllmsim"
@@ -209,8 +210,11 @@ const (
 // interface cost scenario (a) a tenth of its run time; the draws are the
 // same (rand.Rand.Uint64 is its source's).
 func appendRandomTokens(dst []uint32, rng *rand.PCG, n int) []uint32 {
-	for range n {
-		dst = append(dst, uint32(rng.Uint64()>>40))
+	l := len(dst)
+	dst = slices.Grow(dst, n)[:l+n]
+	drawn := dst[l:]
+	for i := range drawn {
+		drawn[i] = uint32(rng.Uint64() >> 40)
 	}
 	return dst
 }
@@ -449,10 +453,20 @@ type chatSource struct {
 	followUps turnHeap
 	seq       int
 	// turnTokens is a generous mean of the tokens one turn adds to a
-	// history: a history gets room for all its turns at once, where
+	// history: a history gets room for MaxTurns turns at once, where
 	// growing it by appending cost (e) about 6% of its run time.
 	turnTokens int
+	// spare holds the history buffers of ended conversations for the next
+	// ones: no request holds a history once its conversation ended (the
+	// replicas read a prompt only until Submit returns, a held request
+	// holds a copy), and allocating a fresh one zeroed it first, about a
+	// twelfth of (e)'s cache misses (BENCHMARKS.md, "Replica-model speed
+	// work, fifth round").
+	spare [][]uint32
 }
+
+// maxSpareHistories bounds chatSource.spare.
+const maxSpareHistories = 4096
 
 // followUp is a conversation's next turn, due at at.
 type followUp struct {
@@ -496,13 +510,20 @@ func (s *chatSource) take(a *arrival) {
 		c, at = f.conv, f.at
 		// The previous response, token for token as the replica generated
 		// it, closes the assistant message the last turn opened.
-		for i := range f.prev.output {
-			c.history = append(c.history, vllmsim.OutputToken(f.prev.seed, i))
+		n := len(c.history)
+		c.history = slices.Grow(c.history, f.prev.output+1)[:n+f.prev.output]
+		response := c.history[n:]
+		for i := range response {
+			response[i] = vllmsim.OutputToken(f.prev.seed, i)
 		}
 		c.history = append(c.history, tokTurnEnd)
 	} else {
 		c = &conversation{src: s, left: s.cfg.MinTurns + s.draws.IntN(s.cfg.MaxTurns-s.cfg.MinTurns+1)}
-		c.history = make([]uint32, 0, c.left*s.turnTokens)
+		if l := len(s.spare); l > 0 {
+			c.history, s.spare = s.spare[l-1], s.spare[:l-1]
+		} else {
+			c.history = make([]uint32, 0, s.cfg.MaxTurns*s.turnTokens)
+		}
 		at, opens = s.nextStart, true
 		s.nextStart = s.starts.next()
 	}
@@ -520,11 +541,14 @@ func (s *chatSource) take(a *arrival) {
 // (which ends the conversation).
 func (t *turn) ended(at time.Duration, completed bool) {
 	c := t.conv
+	s := c.src
 	if !completed || c.left == 0 {
+		if len(s.spare) < maxSpareHistories {
+			s.spare = append(s.spare, c.history[:0])
+		}
 		c.history, c.hashes = nil, vllmsim.PromptHashes{}
 		return
 	}
-	s := c.src
 	think := time.Duration(s.draws.ExpFloat64() * float64(s.cfg.Think))
 	heap.Push(&s.followUps, followUp{at: at + think, conv: c, prev: t})
 }
