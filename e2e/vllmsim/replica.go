@@ -273,6 +273,9 @@ type Request struct {
 	// and extends it at Submit (and CachedPrefixTokens) and when the
 	// request completes.
 	Hashes *PromptHashes
+	// lender is the PromptHashes whose array hashes shares (see
+	// PromptHashes), nil when hashes is the request's own.
+	lender *PromptHashes
 }
 
 // PromptHashes remembers the block hashes of a token sequence that only
@@ -284,10 +287,39 @@ type Request struct {
 // tokens that request generated (the next turn resends the response); the
 // hashes are of those tokens. It holds the hashes of one block size and
 // adapter at a time, the latest asked for. The zero value is empty.
+//
+// A request takes its hashes in the array of the PromptHashes instead of
+// copying them, and appends the hashes of its prompt's new blocks and of
+// its generated blocks there, which are what the PromptHashes learns next:
+// copying a conversation's hashes into every turn's request was about a
+// tenth of (e)'s cache misses (BENCHMARKS.md, "Replica-model speed work,
+// fifth round"). While a request holds the array (lentTo), any other
+// writer first takes a copy of its own (own).
 type PromptHashes struct {
 	blockSize int
 	key       uint64
 	hashes    []uint64
+	lentTo    *Request
+}
+
+// own makes the hashes the PromptHashes' own again, copying them if a
+// request appends to their array.
+func (m *PromptHashes) own() {
+	if m.lentTo != nil {
+		m.hashes = slices.Clone(m.hashes)
+		m.lentTo = nil
+	}
+}
+
+// unshareHashes lets go of the array req borrowed from a PromptHashes:
+// req's hashes start again empty.
+func unshareHashes(req *Request) {
+	if m := req.lender; m != nil {
+		if m.lentTo == req {
+			m.lentTo = nil
+		}
+		req.lender, req.hashes = nil, nil
+	}
 }
 
 type requestState uint8
@@ -554,6 +586,7 @@ func (r *Replica) prepareHashes(req *Request) {
 	if req.hashBlock == bs && (req.salt != 0 || (req.Prompt != nil && len(req.hashes) == req.PromptTokens/bs)) {
 		return // done by CachedPrefixTokens before Submit
 	}
+	unshareHashes(req)
 	req.hashBlock = bs
 	if req.Prompt == nil {
 		r.saltSeq++
@@ -563,17 +596,30 @@ func (r *Replica) prepareHashes(req *Request) {
 	full := req.PromptTokens / bs
 	req.salt = 0
 	req.loraKey = adapterKey(req.Adapter)
-	req.hashes = r.slices.hashes(req.hashes, (req.PromptTokens+req.OutputTokens)/bs)
+	total := (req.PromptTokens + req.OutputTokens) / bs
 	parent := noneHash
 	m := req.Hashes
 	if m != nil {
+		m.own()
 		if m.blockSize != bs || m.key != req.loraKey {
 			m.blockSize, m.key, m.hashes = bs, req.loraKey, m.hashes[:0]
 		}
-		known := min(len(m.hashes), full)
-		req.hashes = append(req.hashes, m.hashes[:known]...)
-		if known > 0 {
-			parent = m.hashes[known-1]
+	}
+	if m != nil && len(m.hashes) <= full {
+		if cap(m.hashes) < total {
+			m.hashes = append(make([]uint64, 0, max(total, 2*cap(m.hashes))), m.hashes...)
+		}
+		req.hashes, req.lender, m.lentTo = m.hashes, m, req
+		if len(m.hashes) > 0 {
+			parent = m.hashes[len(m.hashes)-1]
+		}
+	} else {
+		req.hashes = r.slices.hashes(req.hashes, total)
+		if m != nil {
+			req.hashes = append(req.hashes, m.hashes[:full]...)
+			if full > 0 {
+				parent = m.hashes[full-1]
+			}
 		}
 	}
 	for i := len(req.hashes); i < full; i++ {
@@ -581,7 +627,7 @@ func (r *Replica) prepareHashes(req *Request) {
 		req.hashes = append(req.hashes, parent)
 	}
 	if m != nil && full > len(m.hashes) {
-		m.hashes = append(m.hashes, req.hashes[len(m.hashes):full]...)
+		m.hashes = req.hashes[:full] // the array they share
 	}
 	req.lastHash = parent
 	req.tail = append(req.tail[:0], req.Prompt[full*bs:]...)
@@ -592,6 +638,11 @@ func (r *Replica) prepareHashes(req *Request) {
 // its response too (a conversation's next turn).
 func (r *Replica) rememberHashes(s *Request) {
 	if m := s.Hashes; m != nil && s.salt == 0 && m.blockSize == r.blockTokens && m.key == s.loraKey && len(m.hashes) <= len(s.hashes) {
+		if m.lentTo == s {
+			m.hashes = s.hashes // in the array they share
+			return
+		}
+		m.own()
 		m.hashes = append(m.hashes, s.hashes[len(m.hashes):]...)
 	}
 }
@@ -1065,7 +1116,10 @@ func (r *Replica) preempt(s *Request) {
 // per request.
 func (r *Replica) dropSlices(s *Request) {
 	r.slices.putTable(s.table)
-	r.slices.putHashes(s.hashes)
+	if s.lender == nil {
+		r.slices.putHashes(s.hashes)
+	}
+	unshareHashes(s)
 	s.table, s.hashes, s.tail = nil, nil, nil
 }
 
