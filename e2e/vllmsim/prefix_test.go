@@ -880,6 +880,50 @@ func TestPromptHashesAreTheHashesOfThePrompt(t *testing.T) {
 	}
 }
 
+// TestConcurrentTurnsKeepTheirHashes: a request shares its PromptHashes'
+// array and appends its generated blocks' hashes there, so a second
+// request given the same PromptHashes while the first runs (its prompt
+// extends the first's) must not write into that array, nor the first
+// request's completion into the second's. Each request's hashes stay the
+// hashes of its own tokens, step by step.
+func TestConcurrentTurnsKeepTheirHashes(t *testing.T) {
+	// a longer than b: b joins a's array; b longer: a completes into the
+	// PromptHashes while b holds its array.
+	for _, outputs := range [][2]int{{150, 70}, {60, 100}} {
+		r := newTestReplica(t, nil)
+		var memo PromptHashes
+		first := tokens(100, 40)
+		second := concat(first, tokens(5000, 37))
+		a := &Request{PromptTokens: len(first), Prompt: first, OutputTokens: outputs[0], OutputSeed: 1, Hashes: &memo}
+		b := &Request{PromptTokens: len(second), Prompt: second, OutputTokens: outputs[1], OutputSeed: 2, Hashes: &memo}
+		require.NoError(t, r.Submit(a, r.Now()))
+		require.NoError(t, r.Submit(b, r.Now()))
+		// own is the hash list of req's prompt and generated tokens so far.
+		own := func(req *Request) []uint64 {
+			all := append([]uint32(nil), req.Prompt...)
+			for i := range req.Generated {
+				all = append(all, OutputToken(req.OutputSeed, i))
+			}
+			ref := &Request{PromptTokens: len(all), Prompt: all, OutputTokens: 1}
+			r.prepareHashes(ref)
+			return ref.hashes
+		}
+		for steps := 0; !a.Done() || !b.Done(); steps++ {
+			require.Less(t, steps, 10_000)
+			for _, q := range []*Request{a, b} {
+				if !q.Done() {
+					want := own(q)
+					require.GreaterOrEqual(t, len(want), len(q.hashes))
+					require.Equal(t, want[:len(q.hashes)], q.hashes, "outputs %v: request %d after %d steps", outputs, q.OutputSeed, steps)
+				}
+			}
+			next, ok := r.NextEventTime()
+			require.True(t, ok)
+			r.Advance(next)
+		}
+	}
+}
+
 // TestDuplicateBlocksFindTheFirstCached: a prompt of whole blocks
 // computes its last block even when it is cached (the last token is always
 // computed), so requests with the same such prompt cache that block again
