@@ -887,6 +887,20 @@ func (r *Replica) startStep(now time.Duration) {
 	// Running requests first, in admission order.
 	for i := 0; i < len(r.running) && budget > 0; {
 		s := r.running[i]
+		if end := s.computed + 1; end == s.numTokens && s.Generated > 0 && end <= s.tableTokens && end < s.cacheAt {
+			// A decode step that needs no new block and fills none: what
+			// the general case below does for it, without its branches
+			// (most of a step's requests, every step).
+			s.sched = 1
+			budget--
+			decodeSeqs++
+			sumContext += int(s.numTokens)
+			if s.adapterID != 0 {
+				r.markBatchAdapter(int(s.adapterID))
+			}
+			i++
+			continue
+		}
 		n := min(int(s.numTokens-s.computed), budget)
 		end := int(s.computed) + n
 		need := 0
@@ -1016,8 +1030,9 @@ func (r *Replica) cacheFullBlocks(s *Request, tokens int) {
 	} else {
 		// The blocks it found cached at admission keep their hashes.
 		full = min(full, len(s.hashes))
+		maxBlocks := r.blocksFor(s.PromptTokens + s.OutputTokens)
 		for i := max(s.cachedBlocks, s.taggedBlocks); i < full; i++ {
-			r.pool.cache(s.table[i], s.hashes, i, &s.hashRun, r.blocksFor(s.PromptTokens+s.OutputTokens)-i)
+			r.pool.cache(s.table[i], s.hashes, i, &s.hashRun, maxBlocks-i)
 		}
 	}
 	r.setCachedBlocks(s, max(s.cachedBlocks, full))
