@@ -1,6 +1,11 @@
 package vllmsim
 
-import "math/bits"
+import (
+	"cmp"
+	"math"
+	"math/bits"
+	"slices"
+)
 
 // blockPool is vLLM V1's pool of KV-cache blocks with automatic prefix
 // caching, after vllm/v1/core/block_pool.py (BlockPool) and the free queue
@@ -82,7 +87,7 @@ type blockPool struct {
 	hashRuns      []hashRun
 	spareHashRuns []int32
 	runSlices     slicePool
-	cacheSeq      uint64
+	cacheSeq      uint32
 	// candidates is lookup's scratch.
 	candidates []int32
 	caching    bool
@@ -91,19 +96,43 @@ type blockPool struct {
 	hashed int
 }
 
+// kvBlock is a block's record, 16 bytes, four to a cache line: the
+// passes over the records (freeing a table, evicting at the head,
+// caching) read and write a cache line every four blocks instead of every
+// two (BENCHMARKS.md, "Replica-model speed work, fifth round"). Its hash
+// is in its run (hashOf).
 type kvBlock struct {
-	hash uint64 // 0: none (no block hash is 0)
 	// seq is when the block was cached: of the blocks holding one hash, a
 	// lookup finds the one cached first (BlockHashToBlockMap keeps them in
-	// insertion order).
-	seq uint64
-	ref int32
-	// fifoSeq is the block's place in the FIFO while it is there (ref 0
-	// and a hash).
-	fifoSeq uint32
-	// run is the hash run holding a cached block, pos its place in the
-	// chain.
+	// insertion order). It wraps around after 2^32 - 1 cached blocks,
+	// when the live ones are numbered again in order (renumberSeqs).
+	seq uint32
+	// state is the block's reference count while it is in use (> 0);
+	// for a block in the free queue's FIFO (a count of 0 and a hash), -1
+	// minus its place in the FIFO (fifoPlace); 0 otherwise.
+	state int32
+	// run is the hash run holding a cached block (noRun: no hash), pos its
+	// place in the chain.
 	run, pos int32
+}
+
+// refs is the block's reference count.
+func (b *kvBlock) refs() int32 { return max(b.state, 0) }
+
+// inFIFO reports whether the block sits in the free queue's FIFO.
+func (b *kvBlock) inFIFO() bool { return b.state < 0 }
+
+// fifoPlace is the FIFO slot of a block in the FIFO.
+func (b *kvBlock) fifoPlace() uint64 { return uint64(-1 - b.state) }
+
+// hashOf is record b's block hash, 0 for none (no block hash is 0).
+func (p *blockPool) hashOf(b int32) uint64 {
+	blk := &p.blocks[b]
+	if blk.run == noRun {
+		return 0
+	}
+	r := &p.hashRuns[blk.run]
+	return r.hashes[blk.pos-r.start]
 }
 
 // hashRun is a request's own cached blocks, in chain order from position
@@ -200,7 +229,7 @@ func (p *blockPool) newRecord(cur *recordCursor) int32 {
 	b := cur.next
 	cur.next++
 	p.chunkUse[b/chunkRecords]++
-	p.blocks[b].ref = 1
+	p.blocks[b].state = 1
 	return b
 }
 
@@ -241,7 +270,7 @@ func (p *blockPool) unuseChunk(c int32) {
 // or, for blocks with a hash only, anywhere (a hit on a free block). So the
 // queue is exactly the blocks without a hash, which nothing tells apart,
 // then the appended ones in order; a hit leaves a hole in the FIFO (the
-// block's entry, found through its fifoSeq, becomes noBlock) that the head
+// block's entry, found through its state, becomes noBlock) that the head
 // skips. Allocating thus reads block ids in order instead of chasing links
 // from block to block, and skips holes without reading the block array
 // (BENCHMARKS.md, "Replica-model speed work").
@@ -253,7 +282,7 @@ func (p *blockPool) pushBack(e int32) {
 	}
 	p.fifo[p.fifoTail&p.fifoMask] = e
 	if e >= 0 {
-		p.blocks[e].fifoSeq = uint32(p.fifoTail)
+		p.blocks[e].state = -1 - int32(p.fifoTail&p.fifoMask)
 	}
 	p.fifoTail++
 }
@@ -303,10 +332,11 @@ func (p *blockPool) dropRun(i int32) {
 // entry becomes a hole.
 func (p *blockPool) unlink(b int32) {
 	blk := &p.blocks[b]
-	if blk.ref != 0 || blk.hash == 0 || p.fifo[uint64(blk.fifoSeq)&p.fifoMask] != b {
+	if !blk.inFIFO() || blk.run == noRun || p.fifo[blk.fifoPlace()] != b {
 		panic("vllmsim: unlinking a block that is not in the free queue's FIFO")
 	}
-	p.fifo[uint64(blk.fifoSeq)&p.fifoMask] = noBlock
+	p.fifo[blk.fifoPlace()] = noBlock
+	blk.state = 0
 	p.free--
 }
 
@@ -324,7 +354,7 @@ func (p *blockPool) compactFIFO() {
 			p.dropRun(-2 - e)
 			continue
 		case e >= 0:
-			p.blocks[e].fifoSeq = uint32(w)
+			p.blocks[e].state = -1 - int32(w&p.fifoMask)
 		}
 		p.fifo[w&p.fifoMask] = e
 		w++
@@ -337,7 +367,7 @@ func (p *blockPool) compactFIFO() {
 func (p *blockPool) evictable(list []int32) int {
 	n := 0
 	for _, b := range list {
-		if p.blocks[b].ref == 0 {
+		if p.blocks[b].inFIFO() {
 			n++
 		}
 	}
@@ -348,10 +378,10 @@ func (p *blockPool) evictable(list []int32) int {
 func (p *blockPool) touch(list []int32) {
 	for _, b := range list {
 		blk := &p.blocks[b]
-		if blk.ref == 0 {
+		if blk.inFIFO() {
 			p.unlink(b)
 		}
-		blk.ref++
+		blk.state++
 	}
 }
 
@@ -368,14 +398,14 @@ func (p *blockPool) allocate(n int, dst []int32, cur *recordCursor) []int32 {
 	// Read the taken records before evicting them one by one: these loads
 	// do not depend on each other, so their cache misses overlap, where
 	// each eviction's probe of the index waits for its record.
-	var hashes uint64
+	all := noRun // the runs of all the records, and-ed: noRun if none has one
 	for _, b := range taken {
 		if b != noBlock {
-			hashes |= p.blocks[b].hash
+			all &= p.blocks[b].run
 		}
 	}
 	for _, b := range taken {
-		if hashes != 0 && b != noBlock {
+		if all != noRun && b != noBlock {
 			p.evict(b) // the queue's records all have a hash
 			p.killRecord(b)
 		}
@@ -398,7 +428,7 @@ func (p *blockPool) evict(b int32) {
 	run := &p.hashRuns[id]
 	run.blocks[blk.pos-run.start] = noBlock
 	run.live--
-	blk.hash, blk.run = 0, noRun
+	blk.run, blk.state = noRun, 0
 	p.hashed--
 	if run.live == 0 && !run.open {
 		p.dropHashRun(id)
@@ -424,9 +454,29 @@ func (p *blockPool) cache(b int32, hashes []uint64, i int, run *int32, maxBlocks
 	r.hashes = append(r.hashes, hashes[i])
 	r.blocks = append(r.blocks, b)
 	r.live++
+	if p.cacheSeq == math.MaxUint32 {
+		p.renumberSeqs()
+	}
 	p.cacheSeq++
-	blk.hash, blk.seq, blk.run, blk.pos = hashes[i], p.cacheSeq, *run, int32(i)
+	blk.seq, blk.run, blk.pos = p.cacheSeq, *run, int32(i)
 	p.hashed++
+}
+
+// renumberSeqs numbers the cached blocks 1, 2, ... in the order they were
+// cached, so that caching goes on after 2^32 - 1 blocks without changing
+// which copy of a hash a lookup finds.
+func (p *blockPool) renumberSeqs() {
+	var cached []int32
+	for b := range p.blocks {
+		if p.blocks[b].run != noRun {
+			cached = append(cached, int32(b))
+		}
+	}
+	slices.SortFunc(cached, func(a, b int32) int { return cmp.Compare(p.blocks[a].seq, p.blocks[b].seq) })
+	for i, b := range cached {
+		p.blocks[b].seq = uint32(i + 1)
+	}
+	p.cacheSeq = uint32(len(cached))
 }
 
 // openHashRun starts a run at block i of the chain hashes, with room for
@@ -495,7 +545,7 @@ func (p *blockPool) lookup(hashes []uint64, maxBlocks int, dst *[]int32) int {
 			cands = append(cands, id)
 		}
 		best := noBlock
-		var bestSeq uint64
+		var bestSeq uint32
 		kept := cands[:0]
 		for _, id := range cands {
 			r := &p.hashRuns[id]
@@ -528,12 +578,12 @@ func (p *blockPool) release(table []int32) {
 	for i := len(table) - 1; i >= 0; i-- {
 		b := table[i]
 		blk := &p.blocks[b]
-		blk.ref--
-		if blk.ref != 0 {
+		blk.state--
+		if blk.state != 0 {
 			continue
 		}
 		p.free++
-		if blk.hash != 0 {
+		if blk.run != noRun {
 			p.pushBack(b)
 		} else {
 			p.anonymous++

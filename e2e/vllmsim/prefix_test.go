@@ -1,6 +1,7 @@
 package vllmsim
 
 import (
+	"math"
 	"math/rand/v2"
 	"testing"
 	"time"
@@ -51,8 +52,8 @@ func checkPool(t *testing.T, r *Replica) {
 			hashed += int(run.left)
 			continue
 		}
-		require.Zero(t, p.blocks[e].ref, "block %d in the free queue", e)
-		require.NotZero(t, p.blocks[e].hash, "block %d in the FIFO has a hash", e)
+		require.Zero(t, p.blocks[e].refs(), "block %d in the free queue", e)
+		require.NotZero(t, p.hashOf(e), "block %d in the FIFO has a hash", e)
 		require.False(t, queued[e], "block %d twice in the free queue", e)
 		queued[e] = true
 		free++
@@ -87,17 +88,20 @@ func checkPool(t *testing.T, r *Replica) {
 	require.Equal(t, r.totalBlocks, inUse+p.free, "every block is in use or free")
 	for b := range p.blocks {
 		blk := &p.blocks[b]
-		require.Equal(t, refs[b], blk.ref, "block %d", b)
-		require.Equal(t, blk.ref == 0 && blk.hash != 0, queued[b], "block %d", b)
-		if blk.ref != 0 || blk.hash != 0 {
+		require.Equal(t, refs[b], blk.refs(), "block %d", b)
+		require.Equal(t, blk.refs() == 0 && blk.run != noRun, queued[b], "block %d", b)
+		require.Equal(t, queued[b], blk.inFIFO(), "block %d: its state says it is in the FIFO", b)
+		if !queued[b] && refs[b] == 0 {
+			require.Zero(t, blk.state, "block %d: a dead record", b)
+		}
+		if blk.refs() != 0 || blk.run != noRun {
 			use[b/chunkRecords]++
 		}
-		require.Equal(t, blk.hash != 0, blk.run != noRun, "block %d has a hash in a run", b)
-		if blk.hash != 0 {
+		if blk.run != noRun {
 			hashed++
 			run := &p.hashRuns[blk.run]
 			require.Equal(t, int32(b), run.blocks[blk.pos-run.start], "block %d in its run", b)
-			require.Equal(t, blk.hash, run.hashes[blk.pos-run.start], "block %d", b)
+			require.LessOrEqual(t, blk.seq, p.cacheSeq, "block %d", b)
 		}
 	}
 	require.Equal(t, p.hashed, hashed)
@@ -162,7 +166,7 @@ func checkLookup(t *testing.T, p *blockPool, hashes []uint64) {
 	for _, h := range hashes {
 		best := noBlock
 		for b := range p.blocks {
-			if blk := &p.blocks[b]; blk.hash == h && (best == noBlock || blk.seq < p.blocks[best].seq) {
+			if blk := &p.blocks[b]; p.hashOf(int32(b)) == h && (best == noBlock || blk.seq < p.blocks[best].seq) {
 				best = int32(b)
 			}
 		}
@@ -190,7 +194,7 @@ func freeQueue(p *blockPool) []int32 {
 				q = append(q, e)
 			}
 		default:
-			if blk := &p.blocks[e]; blk.ref != 0 || blk.hash == 0 || blk.fifoSeq != uint32(seq) {
+			if blk := &p.blocks[e]; !blk.inFIFO() || blk.run == noRun || blk.fifoPlace() != seq&p.fifoMask {
 				panic("vllmsim test: a FIFO entry that is not its block's place")
 			}
 			q = append(q, e)
@@ -662,8 +666,8 @@ func TestFreeQueueIsVLLMsQueue(t *testing.T) {
 				}
 			}
 			for _, b := range table {
-				require.Zero(t, p.blocks[b].hash, "step %d: a new block has no hash", step)
-				require.Equal(t, int32(1), p.blocks[b].ref, "step %d: a new block is in use", step)
+				require.Zero(t, p.hashOf(b), "step %d: a new block has no hash", step)
+				require.Equal(t, int32(1), p.blocks[b].refs(), "step %d: a new block is in use", step)
 			}
 			// Some full blocks get a hash (and are cached).
 			for _, b := range table[:rng.IntN(k+1)] {
@@ -736,9 +740,9 @@ func TestFreeQueueIsVLLMsQueue(t *testing.T) {
 			tables = append(tables[:i], tables[i+1:]...)
 			var front []entry
 			for j := len(table) - 1; j >= 0; j-- {
-				if b := table[j]; p.blocks[b].ref == 0 {
-					if p.blocks[b].hash != 0 {
-						list = append(list, entry{block: b, run: noRun, hash: p.blocks[b].hash})
+				if b := table[j]; p.blocks[b].refs() == 0 {
+					if p.hashOf(b) != 0 {
+						list = append(list, entry{block: b, run: noRun, hash: p.hashOf(b)})
 					} else {
 						front = append(front, anon)
 					}
@@ -749,12 +753,12 @@ func TestFreeQueueIsVLLMsQueue(t *testing.T) {
 			// A hit on free cached blocks (and on some in use).
 			var hit []int32
 			for b := range int32(len(p.blocks)) {
-				if p.blocks[b].hash != 0 && rng.IntN(3) == 0 {
+				if p.hashOf(b) != 0 && rng.IntN(3) == 0 {
 					hit = append(hit, b)
 				}
 			}
 			for _, b := range hit {
-				if p.blocks[b].ref == 0 {
+				if p.blocks[b].refs() == 0 {
 					for i, e := range list {
 						if e.block == b {
 							list = append(list[:i], list[i+1:]...)
@@ -777,7 +781,7 @@ func TestFreeQueueIsVLLMsQueue(t *testing.T) {
 		}
 		for _, e := range freeQueue(&p) {
 			if e >= 0 {
-				got = append(got, entry{block: e, run: noRun, hash: p.blocks[e].hash})
+				got = append(got, entry{block: e, run: noRun, hash: p.hashOf(e)})
 				continue
 			}
 			for range p.runs[-2-e].left {
@@ -791,7 +795,7 @@ func TestFreeQueueIsVLLMsQueue(t *testing.T) {
 		require.Equal(t, want, got, "step %d", step)
 		hashed := 0
 		for _, b := range p.blocks {
-			if b.hash != 0 {
+			if b.run != noRun {
 				hashed++
 			}
 		}
@@ -809,7 +813,7 @@ func TestFreeQueueIsVLLMsQueue(t *testing.T) {
 		// Records: a chunk counts its live records and its holder.
 		use := make([]int32, len(p.chunkUse))
 		for b, blk := range p.blocks {
-			if blk.ref != 0 || blk.hash != 0 {
+			if blk.refs() != 0 || blk.run != noRun {
 				use[b/chunkRecords]++
 			}
 		}
@@ -931,7 +935,15 @@ func TestConcurrentTurnsKeepTheirHashes(t *testing.T) {
 // (BlockHashToBlockMap keeps insertion order), and the copies go as they
 // are evicted.
 func TestDuplicateBlocksFindTheFirstCached(t *testing.T) {
+	t.Run("fresh", func(t *testing.T) { duplicateBlocksFindTheFirstCached(t, 0) })
+	// The cache order's counter wraps after the first request: the
+	// cached blocks are numbered again, in the same order.
+	t.Run("wrapping", func(t *testing.T) { duplicateBlocksFindTheFirstCached(t, math.MaxUint32-4) })
+}
+
+func duplicateBlocksFindTheFirstCached(t *testing.T, seq uint32) {
 	r := newTestReplica(t, func(c *ReplicaConfig) { c.KVCapacityTokens = 16 * 12; c.MaxModelLen = 16 * 12 })
+	r.pool.cacheSeq = seq
 	prompt := tokens(7, 64) // 4 full blocks
 	var lastBlocks []int32  // each request's block 3
 	for i := range 3 {
