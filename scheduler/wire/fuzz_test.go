@@ -2,7 +2,9 @@ package wire
 
 import (
 	"bytes"
+	"encoding/binary"
 	"errors"
+	"math"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -96,6 +98,51 @@ func FuzzDecodePushV2(f *testing.F) {
 		snap, _, err := NewCache(testKeys, Limits{}).Refresh(st)
 		require.NoError(t, err)
 		require.LessOrEqual(t, len(snap.Endpoints), n) // old news and duplicates may drop some
+	})
+}
+
+// seedKnownRelays are relays a receiver holding knownRelay's store checks
+// by comparison (take.go): the next relay, and that relay with a value, a
+// name and a string length changed.
+func seedKnownRelays(f testing.TB) [][]byte {
+	_, _, next, blk := knownRelay(f)
+	rec := blk[0] + blockHeaderBytes
+	kv := append([]byte(nil), next...)
+	binary.LittleEndian.PutUint64(kv[rec+erKV:], math.Float64bits(1.5))
+	name := append([]byte(nil), next...)
+	binary.LittleEndian.PutUint16(name[rec+erName:], binary.LittleEndian.Uint16(name[rec+erNamespace:]))
+	var d PushDecoder
+	v, err := d.Decode(next, Limits{})
+	require.NoError(f, err)
+	lens := append([]byte(nil), next...)
+	lens[blk[0]+v.Blocks[0].lensAt()+1]++
+	return [][]byte{next, kv, name, lens}
+}
+
+// FuzzApplyOverStored: a receiver that holds blocks of the pushing agents
+// (so it checks blocks of the same identity by comparison) refuses exactly
+// what the full decode refuses, writing nothing then, and never panics.
+func FuzzApplyOverStored(f *testing.F) {
+	for _, p := range seedKnownRelays(f) {
+		f.Add(p)
+	}
+	f.Fuzz(func(t *testing.T, b []byte) {
+		st, w, _, _ := knownRelay(t)
+		before := storeContents(st)
+		var d PushDecoder
+		_, derr := d.Decode(b, Limits{})
+		_, err := w.Apply(st, b, at(time.Second))
+		switch {
+		case derr != nil:
+			require.Error(t, err, "the decode refuses it: %v", derr)
+			if !errors.Is(err, ErrClockSkew) { // checked first by the receiver
+				requireKnownKind(t, err)
+			}
+			require.Equal(t, before, storeContents(st), "a refused push writes nothing")
+		case err != nil:
+			require.True(t, errors.Is(err, ErrLimit) || errors.Is(err, ErrStaleSequence) || errors.Is(err, ErrClockSkew), "apply: %v", err)
+			require.Equal(t, before, storeContents(st), "a refused push writes nothing")
+		}
 	})
 }
 
@@ -237,6 +284,9 @@ func TestWriteFuzzSeeds(t *testing.T) {
 	for i, p := range seedPushesV2(&testing.F{}) {
 		write("FuzzDecodePushV2", []string{"agent", "agent-b", "relay"}[i], p)
 		write("FuzzDecodePushV2", []string{"agent", "agent-b", "relay"}[i]+"-truncated", p[:len(p)*2/3])
+	}
+	for i, p := range seedKnownRelays(t) {
+		write("FuzzApplyOverStored", []string{"next", "next-kv", "next-renamed", "next-string-length"}[i], p)
 	}
 	writeStored := func(name string, dir bool, b []byte) {
 		d := filepath.Join("testdata", "fuzz", "FuzzStoredValues")

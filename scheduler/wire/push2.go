@@ -63,30 +63,39 @@ type PushDecoder struct {
 // versions this build reads.
 func (d *PushDecoder) Decode(push []byte, lim Limits) (*PushView, error) {
 	lim = lim.resolved()
-	return d.decode(push, &lim, true)
+	off, nb, err := d.decodeHead(push, &lim)
+	if err != nil {
+		return nil, err
+	}
+	if d.view.Version == version1 {
+		return &d.view, nil
+	}
+	return d.decodeV2Blocks(push, &lim, off, nb)
 }
 
-// decode checks push; without deep, the blocks are only shape-checked
-// (checkHeader, then checkRecords) and the caller must deep-check each before trusting its
-// strings (the receiver skips blocks whose identity it stored already).
-func (d *PushDecoder) decode(push []byte, limp *Limits, deep bool) (*PushView, error) {
-	lim := *limp
+// decodeHead checks what comes before a push's blocks: its size, magic and
+// version, and for version 2 its kind, sender, send time and block count.
+// d.view then holds them, with Blocks nil for version 2 (the blocks start
+// at off, nb of them). A version 1 push is decoded whole and converted:
+// d.view is complete (one checked block).
+func (d *PushDecoder) decodeHead(push []byte, lim *Limits) (off, nb int, err error) {
 	if len(push) > lim.MaxPushBytes {
-		return nil, errf(ErrLimit, "push", 0, strconv.Itoa(len(push))+" bytes, limit "+strconv.Itoa(lim.MaxPushBytes))
+		return 0, 0, errf(ErrLimit, "push", 0, strconv.Itoa(len(push))+" bytes, limit "+strconv.Itoa(lim.MaxPushBytes))
 	}
 	if len(push) < 3 {
-		return nil, errf(ErrTruncated, "push.magic", 0, "payload of "+strconv.Itoa(len(push))+" bytes")
+		return 0, 0, errf(ErrTruncated, "push.magic", 0, "payload of "+strconv.Itoa(len(push))+" bytes")
 	}
 	if push[0] != magicPush[0] || push[1] != magicPush[1] {
-		return nil, errf(ErrFormat, "push.magic", 0, "got "+strconv.Quote(string(push[:2]))+", want "+strconv.Quote(string(magicPush[:])))
+		return 0, 0, errf(ErrFormat, "push.magic", 0, "got "+strconv.Quote(string(push[:2]))+", want "+strconv.Quote(string(magicPush[:])))
 	}
 	switch push[2] {
 	case version1:
-		return d.decodeV1(push, &lim)
+		_, err := d.decodeV1(push, lim)
+		return 0, 0, err
 	case version2:
-		return d.decodeV2(push, &lim, deep)
+		return d.decodeV2Head(push, lim)
 	}
-	return nil, errf(ErrVersion, "push.version", 2, "version "+strconv.Itoa(int(push[2]))+"; this build reads versions 1 and 2 (a newer agent or aggregator than this plugin: upgrade the plugin first)")
+	return 0, 0, errf(ErrVersion, "push.version", 2, "version "+strconv.Itoa(int(push[2]))+"; this build reads versions 1 and 2 (a newer agent or aggregator than this plugin: upgrade the plugin first)")
 }
 
 func (d *PushDecoder) decodeV1(push []byte, lim *Limits) (*PushView, error) {
@@ -107,7 +116,7 @@ func (d *PushDecoder) decodeV1(push []byte, lim *Limits) (*PushView, error) {
 	return &d.view, nil
 }
 
-func (d *PushDecoder) decodeV2(push []byte, lim *Limits, deep bool) (*PushView, error) {
+func (d *PushDecoder) decodeV2Head(push []byte, lim *Limits) (int, int, error) {
 	d.view = PushView{Version: version2}
 	v := &d.view
 	off := 3
@@ -118,25 +127,25 @@ func (d *PushDecoder) decodeV2(push []byte, lim *Limits, deep bool) (*PushView, 
 		return nil
 	}
 	if err := need(2, "kind"); err != nil {
-		return nil, err
+		return 0, 0, err
 	}
 	v.Kind = PushKind(push[off])
 	if v.Kind != KindAgent && v.Kind != KindRelay {
-		return nil, errf(ErrInvalidField, "push.kind", off, "kind "+strconv.Itoa(int(v.Kind))+" (want 1 agent or 2 relay)")
+		return 0, 0, errf(ErrInvalidField, "push.kind", off, "kind "+strconv.Itoa(int(v.Kind))+" (want 1 agent or 2 relay)")
 	}
 	n := int(push[off+1])
 	off += 2
 	if err := need(n+pushV2Fixed, "sender"); err != nil {
-		return nil, err
+		return 0, 0, err
 	}
 	v.Sender = push[off : off+n]
 	if e := checkString(unsafe.String(unsafe.SliceData(v.Sender), len(v.Sender)), lim.MaxNameLen, false); e != nil {
-		return nil, e.at("push.sender")
+		return 0, 0, e.at("push.sender")
 	}
 	off += n
 	v.SendTime = int64(le64(push, off))
 	if e := checkNanos(v.SendTime, ""); e != nil {
-		return nil, errf(ErrInvalidField, "push.send_time", off, e.Detail)
+		return 0, 0, errf(ErrInvalidField, "push.send_time", off, e.Detail)
 	}
 	nb := int(le16(push, off+8))
 	off += pushV2Fixed
@@ -145,18 +154,24 @@ func (d *PushDecoder) decodeV2(push []byte, lim *Limits, deep bool) (*PushView, 
 		maxBlocks = 1
 	}
 	if nb > maxBlocks {
-		return nil, errf(ErrLimit, "push.n_blocks", off-2, strconv.Itoa(nb)+" agent blocks, limit "+strconv.Itoa(maxBlocks))
+		return 0, 0, errf(ErrLimit, "push.n_blocks", off-2, strconv.Itoa(nb)+" agent blocks, limit "+strconv.Itoa(maxBlocks))
 	}
 	if v.Kind == KindAgent && nb != 1 {
-		return nil, errf(ErrInvalidField, "push.n_blocks", off-2, "an agent's push carries exactly one block, not "+strconv.Itoa(nb))
+		return 0, 0, errf(ErrInvalidField, "push.n_blocks", off-2, "an agent's push carries exactly one block, not "+strconv.Itoa(nb))
 	}
 	if nb == 0 {
-		return nil, errf(ErrInvalidField, "push.n_blocks", off-2, "a relay carries at least one agent block")
+		return 0, 0, errf(ErrInvalidField, "push.n_blocks", off-2, "a relay carries at least one agent block")
 	}
+	return off, nb, nil
+}
+
+// decodeV2Blocks checks the nb blocks of a version 2 push from off, every
+// block fully (checkHeader, checkRecords, checkDeep), and the push's end.
+func (d *PushDecoder) decodeV2Blocks(push []byte, lim *Limits, off, nb int) (*PushView, error) {
+	v := &d.view
 	d.blocks = d.blocks[:0]
 	var prevID []byte
 	for i := 0; i < nb; i++ {
-		// The header, then the records (in the guest every call counts).
 		size, err := checkHeader(push[off:], lim, inPush, "push.blocks", i, off)
 		if err != nil {
 			return nil, err
@@ -165,28 +180,42 @@ func (d *PushDecoder) decodeV2(push []byte, lim *Limits, deep bool) (*PushView, 
 		if err := checkRecords(b, lim, "push.blocks", i, off); err != nil {
 			return nil, err
 		}
-		if deep {
-			if err := d.checker.checkDeep(b, lim, "push.blocks", i, off); err != nil {
-				return nil, err
-			}
+		if err := d.checker.checkDeep(b, lim, "push.blocks", i, off); err != nil {
+			return nil, err
 		}
 		id := b.AgentID()
 		if i > 0 && bytes.Compare(prevID, id) >= 0 {
-			return nil, errf(ErrInvalidField, "push.blocks["+strconv.Itoa(i)+"]", off,
-				"agents not sorted and unique: "+strconv.Quote(string(prevID))+" then "+strconv.Quote(string(id)))
+			return nil, errUnsorted(i, off, prevID, id)
 		}
 		prevID = id
 		d.blocks = append(d.blocks, b)
 		off += size
 	}
-	if off != len(push) {
-		return nil, errf(ErrTrailing, "push", off, strconv.Itoa(len(push)-off)+" bytes after the message")
-	}
-	if v.Kind == KindAgent && !bytes.Equal(d.blocks[0].AgentID(), v.Sender) {
-		return nil, errf(ErrInvalidField, "push.blocks[0].agent_id", 0, "agent push from "+strconv.Quote(string(v.Sender))+" carries agent "+strconv.Quote(string(d.blocks[0].AgentID())))
+	if err := checkPushEnd(push, off, v.Kind, v.Sender, d.blocks[0].AgentID()); err != nil {
+		return nil, err
 	}
 	v.Blocks = d.blocks
 	return v, nil
+}
+
+// errUnsorted is the error of a push whose block i (at off) does not come
+// after the one before it.
+func errUnsorted(i, off int, prevID, id []byte) *Error {
+	return errf(ErrInvalidField, "push.blocks["+strconv.Itoa(i)+"]", off,
+		"agents not sorted and unique: "+strconv.Quote(string(prevID))+" then "+strconv.Quote(string(id)))
+}
+
+// checkPushEnd checks what is known once every block is read: nothing
+// follows the last block (which ended at off), and an agent's push carries
+// its own block (first is the first block's agent id).
+func checkPushEnd(push []byte, off int, kind PushKind, sender, first []byte) *Error {
+	if off != len(push) {
+		return errf(ErrTrailing, "push", off, strconv.Itoa(len(push)-off)+" bytes after the message")
+	}
+	if kind == KindAgent && !bytes.Equal(first, sender) {
+		return errf(ErrInvalidField, "push.blocks[0].agent_id", 0, "agent push from "+strconv.Quote(string(sender))+" carries agent "+strconv.Quote(string(first)))
+	}
+	return nil
 }
 
 // AppendPushV2Header appends a version 2 push header for nBlocks blocks;

@@ -198,3 +198,114 @@ func TestDecodeAgentPushGivesBackTheState(t *testing.T) {
 		assert.Equal(t, eps, got.Endpoints, "version %d", v)
 	}
 }
+
+// knownRelay is a store holding a relay of node-a and node-b, and the next
+// relay of both (new sequence numbers and values, the same identities),
+// with the offsets of its two blocks: the receiver checks such blocks by
+// comparison with the stored ones (take.go).
+func knownRelay(t testing.TB) (*MemStore, *Writer, []byte, [2]int) {
+	t.Helper()
+	st := &MemStore{}
+	w := NewWriter(testKeys, Limits{}, time.Hour)
+	require.NoError(t, w.Init(st))
+	first := relay(t, "agg-0", at(0),
+		agentPush(t, "node-a", 1, at(0), agentState("node-a", 3, 1, at(0))),
+		agentPush(t, "node-b", 1, at(0), agentState("node-b", 2, 1, at(0))))
+	_, err := w.Apply(st, first, at(0))
+	require.NoError(t, err)
+	next := relay(t, "agg-0", at(time.Second),
+		agentPush(t, "node-a", 2, at(time.Second), agentState("node-a", 3, 4, at(time.Second))),
+		agentPush(t, "node-b", 2, at(time.Second), agentState("node-b", 2, 4, at(time.Second))))
+	a := 5 + len("agg-0") + pushV2Fixed
+	return st, w, next, [2]int{a, a + int(le32(next, a+bhLen))}
+}
+
+// storeContents is every key and value of st.
+func storeContents(st *MemStore) map[string]string {
+	m := map[string]string{}
+	st.Each(func(k string, v []byte) { m[k] = string(v) })
+	return m
+}
+
+// A block whose identity is stored is checked by comparison, and still
+// every value of it is checked; one that only looks like it (a name, a
+// string length, an adapter changed) gets every check.
+func TestWriterChecksValuesOfKnownBlocks(t *testing.T) {
+	st, w, next, blk := knownRelay(t)
+	var d PushDecoder
+	v, err := d.Decode(next, Limits{})
+	require.NoError(t, err)
+	b0 := v.Blocks[0]
+	rec := blk[0] + blockHeaderBytes + recordBytes // node-a's second endpoint
+	lens := blk[0] + b0.lensAt()
+	cases := []struct {
+		name string
+		edit func(b []byte)
+		want error
+		msg  string
+	}{
+		{"kv above 1", func(b []byte) { binary.LittleEndian.PutUint64(b[rec+erKV:], math.Float64bits(1.5)) }, ErrInvalidField, "outside 0..1"},
+		{"kv NaN", func(b []byte) { binary.LittleEndian.PutUint64(b[rec+erKV:], math.Float64bits(math.NaN())) }, ErrInvalidField, "outside 0..1"},
+		{"waiting over the limit", func(b []byte) { binary.LittleEndian.PutUint32(b[rec+erWaiting:], 1<<31) }, ErrLimit, "waiting"},
+		{"running over the limit", func(b []byte) { binary.LittleEndian.PutUint32(b[rec+erRunning:], 1<<31) }, ErrLimit, "running"},
+		{"max adapters over the limit", func(b []byte) { binary.LittleEndian.PutUint32(b[rec+erMaxAdapters:], 1<<31) }, ErrLimit, "max_adapters"},
+		{"negative age", func(b []byte) { binary.LittleEndian.PutUint64(b[rec+erAge:], 1<<63) }, ErrInvalidField, "negative"},
+		{"unknown scrape status", func(b []byte) { b[rec+erLastError] = 200 }, ErrInvalidField, "unknown scrape status"},
+		{"padding", func(b []byte) { b[rec+erZero+3] = 1 }, ErrInvalidField, "padding"},
+		{"string lengths off", func(b []byte) { b[lens+1]++; b[lens+2]-- }, ErrInvalidField, ""},
+		{"string lengths sum", func(b []byte) { b[lens+1]++ }, ErrInvalidField, "add up"},
+		{"name index past the table", func(b []byte) { binary.LittleEndian.PutUint16(b[rec+erName:], 999) }, ErrInvalidField, "string index"},
+		{"port 0", func(b []byte) { binary.LittleEndian.PutUint16(b[rec+erPort:], 0) }, ErrInvalidField, "port 0"},
+		{"adapters out of order", func(b []byte) {
+			r := blk[0] + b0.refsAt()
+			b[r], b[r+1], b[r+2], b[r+3] = b[r+2], b[r+3], b[r], b[r+1]
+		}, ErrInvalidField, "adapters not sorted"},
+		{"endpoints out of order", func(b []byte) {
+			n0, n1 := blk[0]+blockHeaderBytes+erName, rec+erName
+			b[n0], b[n0+1], b[n1], b[n1+1] = b[n1], b[n1+1], b[n0], b[n0+1]
+		}, ErrInvalidField, "not sorted"},
+		{"second block's kv", func(b []byte) { binary.LittleEndian.PutUint64(b[blk[1]+blockHeaderBytes+erKV:], math.Float64bits(2)) }, ErrInvalidField, "outside 0..1"},
+	}
+	before := storeContents(st)
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			bad := append([]byte(nil), next...)
+			tc.edit(bad)
+			_, derr := d.Decode(bad, Limits{})
+			require.ErrorIs(t, derr, tc.want, "the full decode refuses it too")
+			_, err := w.Apply(st, bad, at(time.Second))
+			require.ErrorIs(t, err, tc.want)
+			assert.Contains(t, err.Error(), tc.msg)
+			assert.Equal(t, before, storeContents(st), "nothing written")
+		})
+	}
+	// The unchanged relay is taken, and a renamed endpoint (another string
+	// of the same table) is a new identity that routers see.
+	s, err := w.Apply(st, next, at(time.Second))
+	require.NoError(t, err)
+	assert.Equal(t, 2, s.Accepted)
+	renamed := relay(t, "agg-0", at(2*time.Second),
+		agentPush(t, "node-a", 3, at(2*time.Second), agentState("node-a", 3, 5, at(2*time.Second))),
+		agentPush(t, "node-b", 3, at(2*time.Second), agentState("node-b", 2, 5, at(2*time.Second))))
+	name := blk[0] + blockHeaderBytes + erName
+	nsIdx := binary.LittleEndian.Uint16(renamed[blk[0]+blockHeaderBytes+erNamespace:])
+	binary.LittleEndian.PutUint16(renamed[name:], nsIdx) // endpoint 0 is now named "llm"
+	_, err = w.Apply(st, renamed, at(2*time.Second))
+	require.NoError(t, err)
+	names := byName(snapshotOf(t, st))
+	assert.Contains(t, names, "llm")
+	assert.NotContains(t, names, "node-a-pod-0")
+	assert.Contains(t, names, "node-b-pod-1")
+}
+
+// A push refused before anything is stored writes nothing, not even the
+// key that creates segments (the segment keys are absent: no Init).
+func TestRefusedPushCreatesNoKey(t *testing.T) {
+	st := &MemStore{}
+	w := NewWriter(testKeys, Limits{}, time.Hour)
+	bad := relay(t, "agg-0", at(0), agentPush(t, "node-a", 1, at(0), agentState("node-a", 2, 1, at(0))))
+	binary.LittleEndian.PutUint64(bad[5+len("agg-0")+pushV2Fixed+blockHeaderBytes+erKV:], math.Float64bits(3))
+	_, err := w.Apply(st, bad, at(0))
+	require.ErrorIs(t, err, ErrInvalidField)
+	assert.Empty(t, storeContents(st))
+}

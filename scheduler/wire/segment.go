@@ -211,38 +211,87 @@ func info(b Block) BlockInfo {
 
 // readSegment checks a stored segment value into s (reusing s.Blocks): the
 // segment's header and each block's, so its blocks can be walked, copied
-// and merged (checkHeader), in the order and segment the writer keeps them.
-// The writer reads what it is about to merge into this way.
+// and merged (what walkSegment and checkHeader check), in the order and
+// segment the writer keeps them. The writer reads what it is about to
+// merge into this way, in one pass (every push reads the segments it
+// touches).
 //
 // known lists identities the caller checked before: their blocks'
-// segment is not hashed again.
-func readSegment(b []byte, index int, lim *Limits, s *Segment, known []uint32) *Error {
-	if err := walkSegment(b, index, lim, s); err != nil {
-		return err
+// segment is not hashed again. unknown reports whether some block's
+// identity is not in known (the caller checks those blocks further).
+func readSegment(b []byte, index int, lim *Limits, s *Segment, known []uint32) (unknown bool, _ *Error) {
+	s.Blocks, s.Info = s.Blocks[:0], s.Info[:0]
+	if err := checkMagic(b, magicSegment, "segment", 0); err != nil {
+		return false, err
+	}
+	if len(b) < segHeaderBytes {
+		return false, errf(ErrTruncated, "segment", 0, strconv.Itoa(len(b))+" bytes")
+	}
+	if int(b[3]) != index {
+		return false, errf(ErrInvalidField, "segment.index", 3, "segment "+strconv.Itoa(int(b[3]))+" stored under key "+strconv.Itoa(index))
+	}
+	if le16(b, 10) != 0 || le32(b, 12) != 0 {
+		return false, errf(ErrInvalidField, "segment", 10, "reserved bytes are not 0")
+	}
+	s.Index, s.Gen = index, le32(b, 4)
+	n := int(le16(b, 8))
+	if n > lim.MaxAgents {
+		return false, errf(ErrLimit, "segment.n_agents", 8, strconv.Itoa(n)+" agents, limit "+strconv.Itoa(lim.MaxAgents))
 	}
 	off := segHeaderBytes
-	for i, blk := range s.Blocks {
-		if _, err := checkHeader(blk, lim, inStorage, "segment.blocks", i, off); err != nil {
-			return err
+	var prevID []byte
+	for i := 0; i < n; i++ {
+		rest := len(b) - off
+		if rest < blockHeaderBytes {
+			return false, errf(ErrTruncated, "segment.blocks["+strconv.Itoa(i)+"]", off, strconv.Itoa(rest)+" bytes left for a block")
 		}
-		// The header is checked now: the id is string 0 (walkSegment read
-		// the rest of what info would).
-		bi := &s.Info[i]
-		lens := blockHeaderBytes + bi.Len*recordBytes + 2*bi.Refs
-		at := lens + bi.Strings
-		bi.ID = blk[at : at+int(blk[lens])]
-		id := bi.ID
-		if !hasIdentity(known, s.Info[i].Identity) {
-			if SegmentOf(id) != index {
-				return errf(ErrInvalidField, "segment.blocks["+strconv.Itoa(i)+"]", off, "agent "+strconv.Quote(string(id))+" belongs in segment "+strconv.Itoa(SegmentOf(id)))
+		p := unsafe.Pointer(&b[off]) // the block header is inside b
+		size, neps, nrefs, nstrs := int(ld32(p, bhLen)), int(ld16(p, bhEps)), int(ld16(p, bhRefs)), int(ld16(p, bhStrs))
+		if size < blockHeaderBytes || size > rest || blockHeaderBytes+neps*recordBytes > size {
+			return false, errf(ErrTruncated, "segment.blocks["+strconv.Itoa(i)+"]", off, "block of "+strconv.Itoa(size)+" bytes does not fit its records in the "+strconv.Itoa(rest)+" bytes left")
+		}
+		// checkHeader's checks of a stored block, read directly; on a
+		// fault checkHeader names it.
+		strBytes := int(ld32(p, bhStrBytes))
+		lens := blockHeaderBytes + neps*recordBytes + 2*nrefs
+		ok := ld16(p, bhFlags) == 0 && ld32(p, bhZero) == 0 && ld64(p, bhSeq) != 0 && int64(ld64(p, bhHeld)) >= 0 &&
+			int64(ld64(p, bhReceived)) > 0 && ld32(p, bhIdentity) != 0 &&
+			neps <= lim.MaxEndpoints && nstrs != 0 && lens+nstrs+strBytes == size && b[off+lens] != 0
+		if ok {
+			total := 0
+			for _, l := range b[off+lens : off+lens+nstrs] {
+				total += int(l)
+			}
+			ok = total == strBytes
+		}
+		blk := Block(b[off : off+size])
+		if !ok {
+			if _, err := checkHeader(blk, lim, inStorage, "segment.blocks", i, off); err != nil {
+				return false, err
 			}
 		}
-		if i > 0 && bytes.Compare(s.Info[i-1].ID, id) >= 0 {
-			return errf(ErrInvalidField, "segment.blocks["+strconv.Itoa(i)+"]", off, "agents not sorted and unique")
+		at := lens + nstrs
+		id := blk[at : at+int(blk[lens])]
+		identity := ld32(p, bhIdentity)
+		if !hasIdentity(known, identity) {
+			unknown = true
+			if SegmentOf(id) != index {
+				return false, errf(ErrInvalidField, "segment.blocks["+strconv.Itoa(i)+"]", off, "agent "+strconv.Quote(string(id))+" belongs in segment "+strconv.Itoa(SegmentOf(id)))
+			}
 		}
-		off += len(blk)
+		if i > 0 && bytes.Compare(prevID, id) >= 0 {
+			return false, errf(ErrInvalidField, "segment.blocks["+strconv.Itoa(i)+"]", off, "agents not sorted and unique")
+		}
+		prevID = id
+		s.Blocks = append(s.Blocks, blk)
+		s.Info = append(s.Info, BlockInfo{ID: id, Len: neps, Refs: nrefs, Strings: nstrs, Identity: identity,
+			Received: int64(ld64(p, bhReceived)), Held: int64(ld64(p, bhHeld)), Seq: ld64(p, bhSeq)})
+		off += size
 	}
-	return nil
+	if off != len(b) {
+		return false, errf(ErrTrailing, "segment", off, strconv.Itoa(len(b)-off)+" bytes after the last block")
+	}
+	return unknown, nil
 }
 
 // hasIdentity reports whether ids holds id.

@@ -565,7 +565,8 @@ func TestAdapterChangesKeepIdentityAndAreSeen(t *testing.T) {
 		assert.Equal(t, l, got, "push %d", i)
 		v, _, _ := st.Get(testKeys.Segments[SegmentOf([]byte("node-a"))], nil)
 		var seg Segment
-		require.Nil(t, readSegment(v, SegmentOf([]byte("node-a")), &w.lim, &seg, nil))
+		_, e := readSegment(v, SegmentOf([]byte("node-a")), &w.lim, &seg, nil)
+		require.Nil(t, e)
 		if i == 1 {
 			ident = seg.Blocks[0].Identity() // "a2" seen from here on
 		}

@@ -82,6 +82,12 @@ type segWork struct {
 	// same[j] says they have the same identity (sameIdentity).
 	match []int
 	same  []bool
+	// cursor: the stored blocks before it sort before every incoming
+	// block paired so far (takeBlocks).
+	cursor int
+	// absent: the segment's key did not exist when read; its first write
+	// creates it (CreateToken).
+	absent bool
 }
 
 // ApplyStats says what one push did.
@@ -165,48 +171,42 @@ func CreateToken(st Store, probe string) (uint32, error) {
 // some segments were written (each agent's block is always whole).
 func (w *Writer) Apply(st Store, push []byte, now time.Time) (ApplyStats, error) {
 	var stats ApplyStats
-	// Shape only: a block whose identity (strings, endpoints, adapters)
-	// is what this agent's stored block has was deep-checked when that was
-	// stored, which is nearly every push of a healthy fleet.
-	v, err := w.dec.decode(push, &w.lim, false)
+	off, nb, err := w.dec.decodeHead(push, &w.lim)
 	if err != nil {
 		return stats, err
 	}
+	v := &w.dec.view
 	nowNs := now.UnixNano()
 	if ahead := time.Duration(v.SendTime - nowNs); ahead > w.lim.MaxClockSkew {
 		return stats, errf(ErrClockSkew, "push.send_time", -1, quoteID(v.Sender)+" sent at "+
 			time.Unix(0, v.SendTime).UTC().Format(time.RFC3339Nano)+", "+ahead.String()+" ahead of the receiver's clock (limit "+
 			w.lim.MaxClockSkew.String()+"): check the clocks of the sender's node and of this Envoy")
 	}
-	// Group the blocks by segment (sorted input stays sorted per segment).
+	body := push
+	if v.Version == version1 { // its block, converted and checked
+		body, off, nb = w.dec.v1buf, 0, 1
+	}
 	w.order = w.order[:0]
 	for i := range w.segs {
 		s := &w.segs[i]
-		s.in, s.inInfo, s.changed, s.written = s.in[:0], s.inInfo[:0], false, false
+		s.in, s.inInfo, s.match, s.same, s.changed, s.written = s.in[:0], s.inInfo[:0], s.match[:0], s.same[:0], false, false
 	}
-	for _, b := range v.Blocks {
-		bi := info(b)
-		k := SegmentOf(bi.ID)
-		if len(w.segs[k].in) == 0 {
-			w.order = append(w.order, k)
-		}
-		w.segs[k].in = append(w.segs[k].in, b)
-		w.segs[k].inInfo = append(w.segs[k].inInfo, bi)
-	}
-	sortInts(w.order)
 	if err := w.readDir(st, &stats); err != nil {
 		return stats, err
 	}
-	cutoff := nowNs - int64(w.expiry)
-	for _, k := range w.order {
-		if err := w.readSegment(st, k, &stats); err != nil {
-			return stats, err
-		}
-		w.segs[k].pair()
-		if err := w.deepCheck(k); err != nil {
+	// One pass over the blocks: checked, grouped by segment, paired with
+	// what is stored (take.go).
+	end, err := w.takeBlocks(st, body, off, nb, &stats)
+	if err != nil {
+		return stats, err
+	}
+	if v.Version == version2 {
+		if err := checkPushEnd(push, end, v.Kind, v.Sender, w.segs[w.order[0]].in[0].AgentID()); err != nil {
 			return stats, err
 		}
 	}
+	sortInts(w.order)
+	cutoff := nowNs - int64(w.expiry)
 	// Expired agents are dropped only by a push that brings something new:
 	// then the metrics path is alive. When nothing new arrives at all, the
 	// last state stays, for the router's fail-open policy.
@@ -317,18 +317,20 @@ func (w *Writer) readSegment(st Store, k int, stats *ApplyStats) error {
 	if cap(b) > cap(s.buf) {
 		s.buf = b[:0]
 	}
-	s.cas = cas
+	s.cas, s.absent = cas, false
 	s.stored.Gen, s.stored.Blocks, s.dropped = 0, s.stored.Blocks[:0], 0
 	switch {
 	case errors.Is(err, ErrNotFound):
-		// Written with a create token: if another writer creates the
-		// key first, the write fails and this one merges on top.
-		s.cas, err = CreateToken(st, w.keys.Probe)
-		return err
+		// Written with a create token (taken when written, so a push that
+		// is refused writes nothing): if another writer creates the key
+		// first, the write fails and this one merges on top.
+		s.absent = true
+		return nil
 	case err != nil:
 		return err
 	}
-	if e := readSegment(b, k, &w.lim, &s.stored, s.known); e != nil {
+	unknown, e := readSegment(b, k, &w.lim, &s.stored, s.known)
+	if e != nil {
 		// Unreadable (another build, or a bug): start this segment afresh
 		// keeping its generation moving; its agents return with their
 		// next push.
@@ -344,6 +346,9 @@ func (w *Writer) readSegment(st Store, k int, stats *ApplyStats) error {
 	// Blocks are kept as they are when other agents push: check fully,
 	// once, those this writer has not written or checked itself, and drop
 	// any that fail (routers would refuse to read them).
+	if !unknown {
+		return nil
+	}
 	kept, keptInfo := s.stored.Blocks[:0], s.stored.Info[:0]
 	for i, blk := range s.stored.Blocks {
 		bi := s.stored.Info[i]
@@ -363,28 +368,6 @@ func (w *Writer) readSegment(st Store, k int, stats *ApplyStats) error {
 
 // knows reports whether identity was checked (or written) by this writer.
 func (s *segWork) knows(identity uint32) bool { return hasIdentity(s.known, identity) }
-
-// deepCheck deep-checks segment k's incoming blocks: the identity of those
-// whose identity differs from their agent's stored block, every block's
-// adapter lists.
-func (w *Writer) deepCheck(k int) *Error {
-	s := &w.segs[k]
-	for j, b := range s.in {
-		if s.same[j] { // identity checked when the stored block was
-			if o := &s.stored.Info[s.match[j]]; o.Refs == s.inInfo[j].Refs && sameRefs(b, s.stored.Blocks[s.match[j]], o.Len, o.Refs) {
-				continue // and so were these adapter lists
-			}
-			if err := w.checker.checkAdapters(b, "push.agent", -1, 0); err != nil {
-				return err
-			}
-			continue
-		}
-		if err := w.checker.checkDeep(b, &w.lim, "push.agent", -1, 0); err != nil {
-			return err
-		}
-	}
-	return nil
-}
 
 // pair fills match and same, walking the sorted stored and incoming
 // blocks once.
@@ -590,6 +573,9 @@ func (w *Writer) writeSegment(st Store, k int, now, cutoff int64, stats *ApplySt
 		if !s.changed {
 			return nil
 		}
+		if err := s.createToken(st, w.keys.Probe); err != nil {
+			return err
+		}
 		err := st.Set(w.keys.Segments[k], s.out, s.cas)
 		if err == nil {
 			s.written = true
@@ -632,7 +618,7 @@ func (w *Writer) sweep(st Store, now, cutoff int64, stats *ApplyStats) {
 		if !w.segs[k].changed {
 			continue
 		}
-		if err := w.segs[k].setOnce(st, w.keys.Segments[k]); err == nil {
+		if err := w.segs[k].setOnce(st, w.keys.Segments[k], w.keys.Probe); err == nil {
 			stats.Swept += w.segs[k].swept
 			stats.Segments++
 			w.order = append(w.order, k)
@@ -642,13 +628,30 @@ func (w *Writer) sweep(st Store, now, cutoff int64, stats *ApplyStats) {
 
 // setOnce writes the merged value if nobody wrote the segment since it was
 // read; a sweep that loses the race leaves the work to the next push.
-func (s *segWork) setOnce(st Store, key string) error {
+func (s *segWork) setOnce(st Store, key, probe string) error {
+	if err := s.createToken(st, probe); err != nil {
+		return err
+	}
 	err := st.Set(key, s.out, s.cas)
 	if err == nil {
 		s.written = true
 		s.rememberOut()
 	}
 	return err
+}
+
+// createToken makes s.cas a create token when the segment's key was
+// absent when read.
+func (s *segWork) createToken(st Store, probe string) error {
+	if !s.absent {
+		return nil
+	}
+	cas, err := CreateToken(st, probe)
+	if err != nil {
+		return err
+	}
+	s.cas, s.absent = cas, false
+	return nil
 }
 
 // rememberOut makes the identities of the written value the known ones.
