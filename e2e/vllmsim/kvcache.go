@@ -143,7 +143,13 @@ func (p *blockPool) hashOf(b int32) uint64 {
 // and when its last block is gone (BENCHMARKS.md, "Replica-model speed
 // work, fourth round").
 type hashRun struct {
-	hashes []uint64 // of the blocks start, start+1, ...
+	// hashes are those of the blocks start, start+1, ...: a view of its
+	// request's hash list, not a copy (copying them was a tenth of (e)'s
+	// cache misses; BENCHMARKS.md, "Replica-model speed work, fifth
+	// round"). A request's hash list is never written below its length
+	// and never reused (Replica.prepareHashes), so the view stays true
+	// after the request is gone.
+	hashes []uint64
 	blocks []int32  // their records, noBlock once evicted
 	start  int32
 	live   int32 // blocks still cached
@@ -451,7 +457,7 @@ func (p *blockPool) cache(b int32, hashes []uint64, i int, run *int32, maxBlocks
 		*run = p.openHashRun(hashes, i, maxBlocks)
 	}
 	r := &p.hashRuns[*run]
-	r.hashes = append(r.hashes, hashes[i])
+	r.hashes = hashes[r.start : i+1]
 	r.blocks = append(r.blocks, b)
 	r.live++
 	if p.cacheSeq == math.MaxUint32 {
@@ -488,7 +494,7 @@ func (p *blockPool) openHashRun(hashes []uint64, i, maxBlocks int) int32 {
 		p.hashRuns = append(p.hashRuns, hashRun{})
 	}
 	home := p.byHash.homeOf(hashes, i)
-	p.hashRuns[id] = hashRun{hashes: p.runSlices.hashes(nil, maxBlocks), blocks: p.runSlices.table(maxBlocks),
+	p.hashRuns[id] = hashRun{hashes: hashes[i:i:i], blocks: p.runSlices.table(maxBlocks),
 		start: int32(i), link: noRun, home: home, open: true}
 	first := p.byHash.getOrSet(hashes[i], home, id, p.hashRuns)
 	if first != id {
@@ -524,7 +530,6 @@ func (p *blockPool) dropHashRun(id int32) {
 			}
 		}
 	}
-	p.runSlices.putHashes(r.hashes)
 	p.runSlices.putTable(r.blocks)
 	*r = hashRun{}
 	p.spareHashRuns = append(p.spareHashRuns, id)
@@ -762,12 +767,12 @@ func (h *hashIndex) remove(i uint32, runs []hashRun) {
 	h.slots[i] = 0
 }
 
-// slicePool keeps the block tables and hash lists of finished requests for
-// the next ones, by power-of-two capacity (a replica serves thousands of
-// requests a minute; without it every request allocates both).
+// slicePool keeps the block tables of finished requests and runs for the
+// next ones, by power-of-two capacity (a replica serves thousands of
+// requests a minute; without it every request allocates one). Hash lists
+// are not reused: the runs keep views of them (hashRun).
 type slicePool struct {
 	freeTables [32][][]int32
-	freeHashes [32][][]uint64
 }
 
 const slicePoolDepth = 1024
@@ -788,27 +793,5 @@ func (p *slicePool) table(n int) []int32 {
 func (p *slicePool) putTable(t []int32) {
 	if c := sizeClass(cap(t)); cap(t) == 1<<c && len(p.freeTables[c]) < slicePoolDepth {
 		p.freeTables[c] = append(p.freeTables[c], t[:0])
-	}
-}
-
-// hashes returns an empty slice with room for n hashes, reusing old when it
-// is large enough.
-func (p *slicePool) hashes(old []uint64, n int) []uint64 {
-	if cap(old) >= n {
-		return old[:0]
-	}
-	p.putHashes(old)
-	c := sizeClass(n)
-	if l := len(p.freeHashes[c]); l > 0 {
-		h := p.freeHashes[c][l-1]
-		p.freeHashes[c] = p.freeHashes[c][:l-1]
-		return h
-	}
-	return make([]uint64, 0, 1<<c)
-}
-
-func (p *slicePool) putHashes(h []uint64) {
-	if c := sizeClass(cap(h)); cap(h) > 0 && cap(h) == 1<<c && len(p.freeHashes[c]) < slicePoolDepth {
-		p.freeHashes[c] = append(p.freeHashes[c], h[:0])
 	}
 }

@@ -928,6 +928,42 @@ func TestConcurrentTurnsKeepTheirHashes(t *testing.T) {
 	}
 }
 
+// TestAbortedTurnKeepsItsCachedHashes: the block runs view their
+// requests' hash lists, so a turn aborted after hashing generated blocks
+// its PromptHashes never learned must keep those hashes when the next
+// turn (another continuation of the history) hashes its own blocks in
+// the same places: the aborted turn's blocks stay findable by its tokens.
+func TestAbortedTurnKeepsItsCachedHashes(t *testing.T) {
+	r := newTestReplica(t, nil)
+	var memo PromptHashes
+	history := tokens(100, 40)
+	aborted := &Request{PromptTokens: len(history), Prompt: history, OutputTokens: 100, OutputSeed: 1, Hashes: &memo}
+	require.NoError(t, r.Submit(aborted, r.Now()))
+	for aborted.Generated < 60 {
+		next, ok := r.NextEventTime()
+		require.True(t, ok)
+		r.Advance(next)
+	}
+	generated := aborted.Generated
+	ok, err := r.Abort(aborted, r.Now())
+	require.True(t, ok)
+	require.NoError(t, err)
+	// Fewer blocks than the aborted turn had room for: the same array would do.
+	next := &Request{PromptTokens: 70, Prompt: concat(history, tokens(9000, 30)), OutputTokens: 20, OutputSeed: 2, Hashes: &memo}
+	require.NoError(t, r.Submit(next, r.Now()))
+	drain(t, r)
+	require.Equal(t, 32, next.CachedTokens, "the history's full blocks")
+	checkPool(t, r)
+	resent := history
+	for i := range generated {
+		resent = append(resent, OutputToken(1, i))
+	}
+	resent = resent[:len(resent):len(resent)]
+	want := (len(resent) - 1) / r.blockTokens * r.blockTokens
+	assert.Equal(t, want, r.CachedPrefixTokens(promptRequest(resent, 1)), "the aborted turn's blocks, found by its tokens")
+	assert.Equal(t, 64, r.CachedPrefixTokens(promptRequest(concat(next.Prompt, tokens(50, 5)), 1)), "the next turn's")
+}
+
 // TestDuplicateBlocksFindTheFirstCached: a prompt of whole blocks
 // computes its last block even when it is cached (the last token is always
 // computed), so requests with the same such prompt cache that block again

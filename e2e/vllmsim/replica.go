@@ -312,11 +312,16 @@ func (m *PromptHashes) own() {
 }
 
 // unshareHashes lets go of the array req borrowed from a PromptHashes:
-// req's hashes start again empty.
+// req's hashes start again empty. If req hashed blocks the PromptHashes
+// did not learn (it was aborted), the PromptHashes moves to a copy: the
+// block runs may view those hashes, so nothing writes over them.
 func unshareHashes(req *Request) {
 	if m := req.lender; m != nil {
 		if m.lentTo == req {
 			m.lentTo = nil
+			if len(req.hashes) > len(m.hashes) {
+				m.hashes = slices.Clone(m.hashes)
+			}
 		}
 		req.lender, req.hashes = nil, nil
 	}
@@ -602,7 +607,7 @@ func (r *Replica) prepareHashes(req *Request) {
 	if m != nil {
 		m.own()
 		if m.blockSize != bs || m.key != req.loraKey {
-			m.blockSize, m.key, m.hashes = bs, req.loraKey, m.hashes[:0]
+			m.blockSize, m.key, m.hashes = bs, req.loraKey, nil // runs may view the old list
 		}
 	}
 	if m != nil && len(m.hashes) <= full {
@@ -614,7 +619,7 @@ func (r *Replica) prepareHashes(req *Request) {
 			parent = m.hashes[len(m.hashes)-1]
 		}
 	} else {
-		req.hashes = r.slices.hashes(req.hashes, total)
+		req.hashes = make([]uint64, 0, total) // never reused: runs view it
 		if m != nil {
 			req.hashes = append(req.hashes, m.hashes[:full]...)
 			if full > 0 {
@@ -1126,14 +1131,10 @@ func (r *Replica) preempt(s *Request) {
 	r.waitingPrefill += int(s.numTokens)
 }
 
-// dropSlices returns a finished request's block table and hashes to the
-// replica's slice pool: they are what a long run would otherwise allocate
-// per request.
+// dropSlices returns a finished request's block table to the replica's
+// slice pool: it is what a long run would otherwise allocate per request.
 func (r *Replica) dropSlices(s *Request) {
 	r.slices.putTable(s.table)
-	if s.lender == nil {
-		r.slices.putHashes(s.hashes)
-	}
 	unshareHashes(s)
 	s.table, s.hashes, s.tail = nil, nil, nil
 }
