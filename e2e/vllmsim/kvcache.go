@@ -65,8 +65,9 @@ type blockPool struct {
 	// the records of its blocks from a chunk of its own (recordCursor).
 	blocks []kvBlock
 	// chunkUse counts, per chunk, its live records (in use or holding a
-	// hash) plus one while it is a request's current chunk; freeChunks
-	// lists the chunks whose count is 0, the last freed on top.
+	// hash) plus one while it is a request's current chunk, whose records
+	// not yet handed out count as live (so taking one writes no count);
+	// freeChunks lists the chunks whose count is 0, the last freed on top.
 	chunkUse   []int32
 	freeChunks []int32
 	// anonymous counts the free blocks that sit at the head of the free
@@ -150,7 +151,7 @@ type hashRun struct {
 	// and never reused (Replica.prepareHashes), so the view stays true
 	// after the request is gone.
 	hashes []uint64
-	blocks []int32  // their records, noBlock once evicted
+	blocks []int32 // their records, noBlock once evicted
 	start  int32
 	live   int32 // blocks still cached
 	// link is the next run with the same first hash (the same chain
@@ -229,12 +230,13 @@ func (p *blockPool) newRecord(cur *recordCursor) int32 {
 				p.blocks = append(p.blocks, kvBlock{run: noRun})
 			}
 		}
-		p.chunkUse[c] = 1 // cur holds it
+		// cur holds it, and its records count as live from now on:
+		// dropCursor takes back those cur did not hand out.
+		p.chunkUse[c] = 1 + chunkRecords
 		cur.next, cur.end = c*chunkRecords, (c+1)*chunkRecords
 	}
 	b := cur.next
 	cur.next++
-	p.chunkUse[b/chunkRecords]++
 	p.blocks[b].state = 1
 	return b
 }
@@ -253,7 +255,9 @@ func popID(list *[]int32) (int32, bool) {
 // dropCursor lets go of cur's chunk (a request freeing its blocks).
 func (p *blockPool) dropCursor(cur *recordCursor) {
 	if cur.end != 0 {
-		p.unuseChunk((cur.end - 1) / chunkRecords)
+		c := (cur.end - 1) / chunkRecords
+		p.chunkUse[c] -= cur.end - cur.next // the records it did not hand out
+		p.unuseChunk(c)
 	}
 	*cur = recordCursor{}
 }
@@ -457,7 +461,14 @@ func (p *blockPool) cache(b int32, hashes []uint64, i int, run *int32, maxBlocks
 		*run = p.openHashRun(hashes, i, maxBlocks)
 	}
 	r := &p.hashRuns[*run]
-	r.hashes = hashes[r.start : i+1]
+	// The view grows over the request's list (only its length is
+	// written); a request's list has room for all its blocks, so it is
+	// never moved while the request caches.
+	n := len(r.hashes)
+	r.hashes = r.hashes[:n+1]
+	if r.hashes[n] != hashes[i] {
+		panic("vllmsim: a hash run's view is not of its request's hash list")
+	}
 	r.blocks = append(r.blocks, b)
 	r.live++
 	if p.cacheSeq == math.MaxUint32 {
@@ -494,7 +505,7 @@ func (p *blockPool) openHashRun(hashes []uint64, i, maxBlocks int) int32 {
 		p.hashRuns = append(p.hashRuns, hashRun{})
 	}
 	home := p.byHash.homeOf(hashes, i)
-	p.hashRuns[id] = hashRun{hashes: hashes[i:i:i], blocks: p.runSlices.table(maxBlocks),
+	p.hashRuns[id] = hashRun{hashes: hashes[i:i], blocks: p.runSlices.table(maxBlocks),
 		start: int32(i), link: noRun, home: home, open: true}
 	first := p.byHash.getOrSet(hashes[i], home, id, p.hashRuns)
 	if first != id {

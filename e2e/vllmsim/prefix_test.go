@@ -65,7 +65,7 @@ func checkPool(t *testing.T, r *Replica) {
 	for _, s := range r.running {
 		if s.records.end != 0 {
 			require.Less(t, s.records.next, s.records.end+1)
-			use[(s.records.end-1)/chunkRecords]++
+			use[(s.records.end-1)/chunkRecords] += 1 + s.records.end - s.records.next
 		}
 		for _, b := range s.table {
 			if s.salt != 0 {
@@ -819,7 +819,7 @@ func TestFreeQueueIsVLLMsQueue(t *testing.T) {
 		}
 		for _, h := range tables {
 			if h.cur != nil && h.cur.end != 0 {
-				use[(h.cur.end-1)/chunkRecords]++
+				use[(h.cur.end-1)/chunkRecords] += 1 + h.cur.end - h.cur.next
 			}
 		}
 		require.Equal(t, use, append([]int32{}, p.chunkUse...), "step %d", step)
