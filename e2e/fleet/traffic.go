@@ -162,7 +162,7 @@ func (s shareGPT) newSource(rate float64, seed uint64) (source, error) {
 	}
 	src := &workloadSource{w: w, next: w.Next()}
 	if s.unique {
-		src.ids = rand.NewPCG(seed, 0x1d5e)
+		src.ids = newTokenPCG(seed, 0x1d5e)
 	}
 	return src, nil
 }
@@ -170,7 +170,7 @@ func (s shareGPT) newSource(rate float64, seed uint64) (source, error) {
 type workloadSource struct {
 	w    *vllmsim.Workload
 	next vllmsim.Arrival
-	ids  *rand.PCG // unique prompts: their token ids; nil: none
+	ids  *tokenPCG // unique prompts: their token ids; nil: none
 	buf  []uint32
 }
 
@@ -192,7 +192,7 @@ func (s *workloadSource) take(a *arrival) {
 // below 2^24 drawn from rng, a stream of its own per run seed (so the
 // arrivals, lengths and adapters are those of the run without ids). Two
 // prompts share a first 16-token block with probability 2^-384: never.
-func uniquePromptTokens(dst []uint32, rng *rand.PCG, n int) []uint32 {
+func uniquePromptTokens(dst []uint32, rng *tokenPCG, n int) []uint32 {
 	return appendRandomTokens(dst, rng, n)
 }
 
@@ -205,31 +205,28 @@ const (
 	tokRoleAssistant
 )
 
-// appendRandomTokens appends n ids drawn from rng. It takes the generator
-// itself, not a rand.Rand over it, whose calls through the Source
-// interface cost scenario (a) a tenth of its run time; the draws are the
-// same (rand.Rand.Uint64 is its source's).
-func appendRandomTokens(dst []uint32, rng *rand.PCG, n int) []uint32 {
+// appendRandomTokens appends n ids drawn from rng, one draw each. It takes
+// the generator itself, not a rand.Rand over it, whose calls through the
+// Source interface cost scenario (a) a tenth of its run time; the draws
+// are the same (rand.Rand.Uint64 is its source's).
+func appendRandomTokens(dst []uint32, rng *tokenPCG, n int) []uint32 {
 	l := len(dst)
 	dst = slices.Grow(dst, n)[:l+n]
-	drawn := dst[l:]
-	for i := range drawn {
-		drawn[i] = uint32(rng.Uint64() >> 40)
-	}
+	rng.fillTokens(dst[l:])
 	return dst
 }
 
 // newDraws is a stream of random draws and its generator, for
 // appendRandomTokens.
-func newDraws(seed, stream uint64) (*rand.Rand, *rand.PCG) {
-	g := rand.NewPCG(seed, stream)
+func newDraws(seed, stream uint64) (*rand.Rand, *tokenPCG) {
+	g := newTokenPCG(seed, stream)
 	return rand.New(g), g
 }
 
 // fixedTokens is a prompt part that is the same in every run: n ids drawn
 // from key.
 func fixedTokens(key uint64, n int) []uint32 {
-	return appendRandomTokens(make([]uint32, 0, n), rand.NewPCG(key, 0x70c5), n)
+	return appendRandomTokens(make([]uint32, 0, n), newTokenPCG(key, 0x70c5), n)
 }
 
 // poisson draws the gaps of a Poisson stream.
@@ -299,7 +296,7 @@ type contextSource struct {
 	contexts [][]uint32
 	gaps     poisson
 	draws    *rand.Rand
-	tokens   *rand.PCG // draws' generator
+	tokens   *tokenPCG // draws' generator
 	nextAt   time.Duration
 	seq      int
 	buf      []uint32
@@ -367,7 +364,7 @@ type systemSource struct {
 	system map[string][]uint32
 	tokens int
 	draws  *rand.Rand
-	gen    *rand.PCG // draws' generator
+	gen    *tokenPCG // draws' generator
 	buf    []uint32
 }
 
@@ -449,7 +446,7 @@ type chatSource struct {
 	starts    poisson
 	nextStart time.Duration
 	draws     *rand.Rand
-	tokens    *rand.PCG // draws' generator
+	tokens    *tokenPCG // draws' generator
 	followUps turnHeap
 	seq       int
 	// turnTokens is a generous mean of the tokens one turn adds to a
