@@ -3,6 +3,7 @@ package scheduler
 import (
 	"encoding/json"
 	"fmt"
+	"math/rand/v2"
 	"slices"
 	"strings"
 	"testing"
@@ -251,15 +252,7 @@ func BenchmarkSchedulePrefixAware(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	var prompts []benchPrompt
-	for i := range 40 {
-		raw, _ := json.Marshal(fmt.Sprintf("%s question %d?", strings.Repeat(fmt.Sprintf("Context %d that every question repeats. ", i%8), 40), i))
-		model := []string{"base", adapterName(i % 10)}[i%2]
-		if err := h.HashPrompt(model, nil, raw); err != nil {
-			b.Fatal(err)
-		}
-		prompts = append(prompts, benchPrompt{slices.Clone(h.Blocks()), h.Key(), model})
-	}
+	prompts := sharedPrompts(b, h)
 	const newPrefixes = `{"profile": "p", "plugins": [{"type": "prefix-affinity-filter", "name": "pa", "parameters": {"minReuse": 0}}],
 		"profiles": {"p": {"filters": ["shed-filter", "pa"], "scorers": [{"scorer": "prefix-cache-scorer", "weight": 3},
 		{"scorer": "lora-affinity-scorer", "weight": 10}, {"scorer": "queue-scorer", "weight": 1},
@@ -282,6 +275,21 @@ type benchPrompt struct {
 	blocks []uint64
 	key    uint64
 	model  string
+}
+
+// sharedPrompts are 40 prompts hashed with h, sharing 8 long contexts,
+// half of them for the base model and half for adapters.
+func sharedPrompts(b *testing.B, h *prefix.Hasher) []benchPrompt {
+	var prompts []benchPrompt
+	for i := range 40 {
+		raw, _ := json.Marshal(fmt.Sprintf("%s question %d?", strings.Repeat(fmt.Sprintf("Context %d that every question repeats. ", i%8), 40), i))
+		model := []string{"base", adapterName(i % 10)}[i%2]
+		if err := h.HashPrompt(model, nil, raw); err != nil {
+			b.Fatal(err)
+		}
+		prompts = append(prompts, benchPrompt{slices.Clone(h.Blocks()), h.Key(), model})
+	}
+	return prompts
 }
 
 func benchPrefixAware(b *testing.B, n, minEndpoints int, config string, known bool, prompts []benchPrompt) {
@@ -326,52 +334,156 @@ func benchPrefixAware(b *testing.B, n, minEndpoints int, config string, known bo
 func BenchmarkScheduleChurn(b *testing.B) {
 	reqs := benchRequests()
 	for _, n := range []int{1000, 5000} {
-		for _, mode := range []struct {
-			name         string
-			minEndpoints int
-		}{{"write", 0}, {"scan", -1}, {"index", 1}} {
+		for _, mode := range churnModes {
 			b.Run(fmt.Sprintf("endpoints=%d/%s", n, mode.name), func(b *testing.B) {
-				r := newRand(uint64(n))
-				snap := randomSnapshot(r, n)
-				now := time.Unix(10_000, 0)
-				var values [2][]Metrics
-				for i := range snap.Endpoints {
-					m := &snap.Endpoints[i].Metrics
-					m.UpdateTime = now.Add(-time.Duration(r.IntN(100)) * time.Millisecond)
-					values[0] = append(values[0], *m)
-					d := *m
-					drift(r, &d)
-					d.UpdateTime = d.UpdateTime.Add(50 * time.Millisecond)
-					values[1] = append(values[1], d)
-				}
-				o := seeded(1)
-				o.IndexMinEndpoints = mode.minEndpoints
-				o.StaleAfter = 2 * time.Second
-				o.Now = func() time.Time { return now }
-				s := newScheduler(b, `{"profile": "decision-tree"}`, o)
-				for _, req := range reqs {
-					s.Schedule(req, snap)
-				}
-				b.ReportAllocs()
-				i := 0
-				for b.Loop() {
-					vals := values[i%2]
-					for blk := 0; blk < n/2; blk++ {
-						if (blk*7+i)%50 >= 41 {
-							continue
-						}
-						snap.Endpoints[2*blk].Metrics = vals[2*blk]
-						snap.Endpoints[2*blk+1].Metrics = vals[2*blk+1]
-						snap.MetricsChangedRange(2*blk, 2*blk+2)
-					}
-					if mode.name != "write" {
+				benchChurn(b, randomSnapshot, false, n, mode.minEndpoints, `{"profile": "decision-tree"}`, len(reqs), func(s *Scheduler, snap *Snapshot, i int, warm bool) {
+					if warm || mode.name != "write" {
 						s.Schedule(reqs[i%len(reqs)], snap)
 					}
-					i++
-				}
+				})
 			})
 		}
 	}
+}
+
+var churnModes = []struct {
+	name         string
+	minEndpoints int
+}{{"write", 0}, {"scan", -1}, {"index", 1}}
+
+// BenchmarkScheduleChurnPrefixAware is BenchmarkScheduleChurn for the
+// built-in prefix-aware profile (the one envoy/envoy.yaml, and so the
+// scale bench, runs), the tracker's lookup (PrefixTracker.Prepare) in
+// every op as in the plugin:
+//
+//   - prompt=bench: e2e/scale's request (a Standard request for the base
+//     model "chat", one short user message: no whole block, so
+//     prefix/none) on a fleet like its agents' after a while at the knee
+//     (scaleSnapshot);
+//   - prompt=shared: prompts sharing 8 long contexts, half of them for
+//     adapters, every criticality, routed before (so most take the
+//     affinity path).
+//
+// Mode "scan" decides without the index (IndexMinEndpoints -1). The clock
+// carries a monotonic reading, as the plugin's (time.Now) does.
+//
+//	go test -run '^$' -bench BenchmarkScheduleChurnPrefixAware -benchmem ./scheduler/
+func BenchmarkScheduleChurnPrefixAware(b *testing.B) {
+	h, err := prefix.NewHasher(prefix.HashConfig{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	if err := h.HashMessages("chat", nil, nil, []byte(`[{"role":"user","content":"Say hello in one word."}]`)); err != nil {
+		b.Fatal(err)
+	}
+	bench := []benchPrompt{{slices.Clone(h.Blocks()), h.Key(), "chat"}}
+	shared := sharedPrompts(b, h)
+	for _, kind := range []struct {
+		name    string
+		prompts []benchPrompt
+		fleet   func(*rand.Rand, int) *Snapshot
+	}{{"bench", bench, scaleSnapshot}, {"shared", shared, randomSnapshot}} {
+		for _, n := range []int{1000, 5000} {
+			for _, mode := range churnModes {
+				b.Run(fmt.Sprintf("prompt=%s/endpoints=%d/%s", kind.name, n, mode.name), func(b *testing.B) {
+					idx, err := prefix.NewIndex(prefix.IndexConfig{}, nil)
+					if err != nil {
+						b.Fatal(err)
+					}
+					t := NewPrefixTracker(idx)
+					var req Request
+					benchChurn(b, kind.fleet, true, n, mode.minEndpoints, `{"profile": "prefix-aware"}`, 1000, func(s *Scheduler, snap *Snapshot, i int, warm bool) {
+						p := &kind.prompts[i%len(kind.prompts)]
+						crit := Standard
+						if kind.name == "shared" {
+							crit = Criticality(i % 3)
+						}
+						req = Request{Model: p.model, TargetModel: p.model, Criticality: crit}
+						if !warm && mode.name == "write" {
+							return
+						}
+						t.Prepare(&req, snap, p.blocks, p.key)
+						if res := s.Schedule(&req, snap); warm && res.Outcome == Routed {
+							t.Routed(res.Index, time.Unix(0, 0)) // the warm-up: the index learns
+						}
+					})
+				})
+			}
+		}
+	}
+}
+
+// benchChurn runs decide once per op after a knee-like rewrite of a
+// snapshot of n endpoints drawn by fleet, with a Scheduler of config
+// (IndexMinEndpoints minEndpoints, StaleAfter 2s, a fixed clock, with a
+// monotonic reading if mono), after warm calls on the snapshot as drawn.
+func benchChurn(b *testing.B, fleet func(*rand.Rand, int) *Snapshot, mono bool, n, minEndpoints int, config string, warm int, decide func(s *Scheduler, snap *Snapshot, i int, warm bool)) {
+	r := newRand(uint64(n))
+	snap := fleet(r, n)
+	now := time.Unix(10_000, 0)
+	clock := now
+	if mono {
+		m := time.Now()
+		clock = m.Add(now.Sub(m)) // now's wall clock, and a monotonic reading
+	}
+	var values [2][]Metrics
+	for i := range snap.Endpoints {
+		m := &snap.Endpoints[i].Metrics
+		m.UpdateTime = now.Add(-time.Duration(r.IntN(100)) * time.Millisecond)
+		values[0] = append(values[0], *m)
+		d := *m
+		drift(r, &d)
+		d.UpdateTime = d.UpdateTime.Add(50 * time.Millisecond)
+		values[1] = append(values[1], d)
+	}
+	o := seeded(1)
+	o.IndexMinEndpoints = minEndpoints
+	o.StaleAfter = 2 * time.Second
+	o.Now = func() time.Time { return clock }
+	s := newScheduler(b, config, o)
+	for i := range warm {
+		decide(s, snap, i, true)
+	}
+	b.ReportAllocs()
+	i := 0
+	for b.Loop() {
+		vals := values[i%2]
+		for blk := 0; blk < n/2; blk++ {
+			if (blk*7+i)%50 >= 41 {
+				continue
+			}
+			snap.Endpoints[2*blk].Metrics = vals[2*blk]
+			snap.Endpoints[2*blk+1].Metrics = vals[2*blk+1]
+			snap.MetricsChangedRange(2*blk, 2*blk+2)
+		}
+		decide(s, snap, i, false)
+		i++
+	}
+}
+
+// scaleSnapshot draws a fleet like e2e/scale's (NewFleet) after its
+// agents' values walked for a while: 4 adapter slots, one or two of the
+// six adapters of 16 an endpoint serves running, queues and batches
+// spread over their walks' ranges (0-40 waiting, 0-64 running, KV-cache
+// use below 0.98).
+func scaleSnapshot(r *rand.Rand, n int) *Snapshot {
+	snap := &Snapshot{Endpoints: make([]Endpoint, n)}
+	for i := range snap.Endpoints {
+		serves := r.Perm(16)[:6]
+		active := []string{fmt.Sprintf("lora-%02d", serves[0])}
+		if r.IntN(2) == 0 && serves[1] > serves[0] {
+			active = append(active, fmt.Sprintf("lora-%02d", serves[1]))
+		}
+		snap.Endpoints[i] = Endpoint{
+			ID:      EndpointID{Namespace: "llm", Name: fmt.Sprintf("vllm-%05d-%d", i/2, i%2)},
+			Address: fmt.Sprintf("127.0.%d.%d", (i+1)>>8, (i+1)&255), Port: 8000,
+			Metrics: Metrics{
+				WaitingQueueSize: r.IntN(41), RunningQueueSize: r.IntN(65), KVCacheUsage: r.Float64() * 0.98,
+				MaxActiveModels: 4, ActiveModels: active,
+			},
+		}
+	}
+	return snap
 }
 
 // BenchmarkSchedulePrefixAwareHostShape is the scheduler's share of
