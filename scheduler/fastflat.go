@@ -227,27 +227,20 @@ func (f *fastTree) flatRow(c *Cycle, x *snapIndex, op *treeOp, cur, dst []int32)
 func (x *snapIndex) flatRead(snap *Snapshot, oldest time.Time) bool {
 	eps := snap.Endpoints[:x.n]
 	w, r, kv, flags := x.w[:x.n], x.r[:x.n], x.kv[:x.n], x.flags[:x.n]
-	always := x.staleAfter <= 0
-	// Fresh is not Before(oldest). When oldest carries no monotonic
-	// reading Before compares wall clocks, here as seconds (Unix, which
-	// wraps only for times some 292 billion years before year 1) and then
-	// nanoseconds, without Before's branches: in the guest they cost more
-	// than the rest of the pass.
-	wall := oldest == oldest.Round(0)
-	osec, onsec := oldest.Unix(), oldest.Nanosecond()
-	fresh, bad := 0, 0
+	// Freshness first, into the flags (see freshFlags: the loop below
+	// then has no call).
+	stale := 0
+	if x.staleAfter > 0 {
+		fa := newFreshAt(oldest)
+		_, stale = freshFlags(eps, &fa, flags)
+	} else {
+		for i := range flags {
+			flags[i] = flagFresh
+		}
+	}
+	bad := 0
 	for i := range eps {
 		m := &eps[i].Metrics
-		var f int
-		switch {
-		case always:
-			f = 1
-		case wall:
-			s := m.UpdateTime.Unix()
-			f = one(s > osec) | one(s == osec)&one(m.UpdateTime.Nanosecond() >= onsec)
-		default:
-			f = one(!m.UpdateTime.Before(oldest))
-		}
 		q, run, u := m.WaitingQueueSize, m.RunningQueueSize, m.KVCacheUsage
 		if u != u {
 			u = 1 // kvUsage
@@ -255,14 +248,95 @@ func (x *snapIndex) flatRead(snap *Snapshot, oldest time.Time) bool {
 		u += 0 // -0 as +0
 		w[i], r[i], kv[i] = q, run, u
 		b := one(uint(q+badMagnitude) > 2*badMagnitude) | one(uint(run+badMagnitude) > 2*badMagnitude) | one(math.IsInf(u, 0))
-		flags[i] = uint8(f | one(len(m.ActiveModels)+len(m.WaitingModels) < m.MaxActiveModels)<<1 | b<<2)
-		fresh += f
+		flags[i] |= uint8(one(len(m.ActiveModels)+len(m.WaitingModels) < m.MaxActiveModels)<<1 | b<<2)
 		bad += b
 	}
-	x.nFresh, x.nStale, x.nBad = fresh, x.n-fresh, bad
+	x.nFresh, x.nStale, x.nBad = x.n-stale, stale, bad
 	x.flat, x.stale = true, true
 	x.flatReads++
 	return bad == 0
+}
+
+// freshAt tests update times against the oldest fresh one as
+// !t.Before(oldest) does, without Before's call and branches for a t
+// without a monotonic reading (in the guest they cost more than the rest
+// of a flat read). Before then compares wall clocks, which for such a t
+// are its two words (seconds since year 1, nanoseconds), compared here
+// with oldest's. The plugin's clock (time.Now) gives oldest a monotonic
+// reading; the update times it reads from shared data have none.
+type freshAt struct {
+	oldest time.Time
+	sec    int64  // oldest's wall clock: seconds since year 1
+	nsec   uint64 // and nanoseconds
+}
+
+// timeWords is time.Time's layout: wall holds the nanoseconds (and, with
+// hasMonotonic, the seconds since 1885 in 33 bits), ext the seconds since
+// year 1 when hasMonotonic is clear (TestFreshAtIsNotBefore).
+type timeWords struct {
+	wall uint64
+	ext  int64
+	loc  unsafe.Pointer
+}
+
+const hasMonotonic = 1 << 63
+
+func newFreshAt(oldest time.Time) freshAt {
+	w := oldest.Round(0) // the wall clock alone
+	tw := (*timeWords)(unsafe.Pointer(&w))
+	return freshAt{oldest: oldest, sec: tw.ext, nsec: tw.wall}
+}
+
+// monotonic reports whether t carries a monotonic reading.
+func monotonic(t *time.Time) bool { return (*timeWords)(unsafe.Pointer(t)).wall&hasMonotonic != 0 }
+
+// freshWall is 1 when t, which carries no monotonic reading, is not
+// before the oldest fresh time, else 0. (A function that also took the
+// monotonic case would not be inlined; callers test monotonic first.)
+func (fa *freshAt) freshWall(t *time.Time) int {
+	tw := (*timeWords)(unsafe.Pointer(t))
+	// The sign of (t − oldest) in nanoseconds, the seconds' difference
+	// clamped so that it cannot overflow (beyond ±2³² s the nanoseconds
+	// do not change the sign).
+	d := max(min(tw.ext-fa.sec, 1<<32), -1<<32)
+	return int(uint64(d<<30+int64(tw.wall)-int64(fa.nsec))>>63) ^ 1
+}
+
+// freshMono is freshWall for a t with a monotonic reading, by Before.
+//
+//go:noinline
+func (fa *freshAt) freshMono(t *time.Time) int { return one(!t.Before(fa.oldest)) }
+
+// freshFlags writes into dst (grown to len(eps)) whether each endpoint of
+// eps is fresh at fa (1) or not (0), and returns it with the count of
+// those that are not. Update times with a monotonic reading, which the
+// plugin's never have, are compared by Before in a second loop, only when
+// there are some: the first has no call, so in the guest it keeps its
+// values out of memory.
+func freshFlags(eps []Endpoint, fa *freshAt, dst []uint8) ([]uint8, int) {
+	if cap(dst) < len(eps) {
+		dst = make([]uint8, len(eps))
+	}
+	dst = dst[:len(eps)]
+	var mono uint64
+	fresh := 0
+	for i := range eps {
+		t := &eps[i].Metrics.UpdateTime
+		mono |= (*timeWords)(unsafe.Pointer(t)).wall
+		f := fa.freshWall(t)
+		dst[i] = uint8(f)
+		fresh += f
+	}
+	if mono&hasMonotonic != 0 {
+		fresh = 0
+		for i := range eps {
+			if t := &eps[i].Metrics.UpdateTime; monotonic(t) {
+				dst[i] = uint8(fa.freshMono(t))
+			}
+			fresh += int(dst[i])
+		}
+	}
+	return dst, len(eps) - fresh
 }
 
 // flatLoRA is LoRAAffinityFilter on the values: the affinity group holds

@@ -592,6 +592,44 @@ func TestFlatDecisionsUnderChurnEqualScanned(t *testing.T) {
 	require.Greater(t, flatDecisions, 1000, "flat decisions")
 }
 
+// TestFreshAtIsNotBefore: the flat reads' freshness test is
+// !t.Before(oldest) for times with and without monotonic readings on
+// either side, around oldest to the nanosecond and second, far from it
+// (the zero Time, years away) and across the seconds' clamp.
+func TestFreshAtIsNotBefore(t *testing.T) {
+	r := newRand(3)
+	now := time.Now()
+	bases := []time.Time{now, now.Round(0), time.Unix(10_000, 0), time.Unix(0, 0), time.Unix(-5, 999_999_999), {}}
+	offsets := []time.Duration{0, 1, -1, time.Second, -time.Second, time.Second - 1, 1 - time.Second, 999_999_999, -999_999_999,
+		2 * time.Second, time.Hour, -time.Hour, 1<<62 - 1, -1 << 62, 1 << 32 * time.Second / time.Second}
+	for range 2000 {
+		offsets = append(offsets, time.Duration(r.Int64N(1<<40)-1<<39), time.Duration(r.Int64N(4e9)-2e9))
+	}
+	checked, mono := 0, 0
+	for _, base := range bases {
+		for _, od := range offsets[:20] {
+			oldest := base.Add(od)
+			fa := newFreshAt(oldest)
+			for _, d := range offsets {
+				for _, tm := range []time.Time{oldest.Add(d), oldest.Add(d).Round(0), time.Time{}, time.Unix(oldest.Unix()+int64(d)/1e9, int64(d%1e9))} {
+					got := fa.freshWall(&tm)
+					if monotonic(&tm) {
+						got = fa.freshMono(&tm)
+						mono++
+					}
+					require.Equal(t, one(!tm.Before(oldest)), got, "t %v (%#v), oldest %v", tm, tm, oldest)
+					checked++
+				}
+			}
+		}
+	}
+	require.Positive(t, mono)
+	require.True(t, monotonic(&now))
+	plain := now.Round(0)
+	require.False(t, monotonic(&plain))
+	t.Logf("%d comparisons, %d with a monotonic reading", checked, mono)
+}
+
 // TestEqualStringIsEquality: the flat LoRA row's comparison agrees with
 // == for every length around its 8-to-16-byte words and a difference at
 // every position.
