@@ -97,7 +97,7 @@ func TestIndexedPrefixAwareEqualsScanned(t *testing.T) {
 		for shape := range numShapes {
 			t.Run(fmt.Sprintf("config=%d/shape=%d", ci, shape), func(t *testing.T) {
 				r := newRand(uint64(1000*ci) + uint64(shape))
-				f, d := runPrefixTwins(t, r, cfg, 130+r.IntN(100), shape, func(k int, o Options) *Scheduler {
+				f, d := runPrefixTwins(t, r, cfg, 130+r.IntN(100), shape, twinQuiet, func(k int, o Options) *Scheduler {
 					o.IndexMinEndpoints = []int{1, -1}[k]
 					s := newScheduler(t, cfg, o)
 					if k == 0 {
@@ -132,7 +132,7 @@ func TestFusedPrefixAwareEqualsScanned(t *testing.T) {
 				t.Run(fmt.Sprintf("config=%d/shape=%d/trial=%d", ci, shape, trial), func(t *testing.T) {
 					r := newRand(uint64(1000*ci) + uint64(10*shape) + uint64(trial) + 77)
 					n := []int{r.IntN(4), 4 + r.IntN(8), 12 + r.IntN(29)}[trial]
-					f, d := runPrefixTwins(t, r, cfg, n, shape, func(k int, o Options) *Scheduler {
+					f, d := runPrefixTwins(t, r, cfg, n, shape, twinQuiet, func(k int, o Options) *Scheduler {
 						o.IndexMinEndpoints = -1
 						s := newScheduler(t, cfg, o)
 						if k == 1 {
@@ -155,6 +155,66 @@ func TestFusedPrefixAwareEqualsScanned(t *testing.T) {
 	t.Logf("decisions %d, routed or dropped %d, by path %v", decisions, fused, paths)
 }
 
+// TestPrefixAwareUnderChurnEqualsScanned: above the index's size, with
+// relays rewriting most endpoints before a third of the steps, the
+// prefix-aware decisions that the index declines (churn, new snapshots)
+// are decided fused and the others on the index, interleaved on one
+// filter's reuse share and one prefix index, with prompts that hit,
+// Observe, stale endpoints and a moving clock, with and without monotonic
+// readings: the results, random draws and reuse share must stay the
+// plugins'. Both kinds of decision must have been many, and every path
+// of the filter decided fused.
+func TestPrefixAwareUnderChurnEqualsScanned(t *testing.T) {
+	var fused, indexed, decisions, switches int
+	paths := map[string]int{}
+	for ci, cfg := range prefixTwinConfigs {
+		for shape := range numShapes {
+			t.Run(fmt.Sprintf("config=%d/shape=%d", ci, shape), func(t *testing.T) {
+				r := newRand(uint64(1000*ci) + uint64(shape) + 555)
+				n := 130 + r.IntN(500)
+				last := 0 // 1: the last decision was fused, 2: indexed
+				_, d := runPrefixTwins(t, r, cfg, n, shape, twinSetting{relays: true, monotonic: shape%2 == 1}, func(k int, o Options) *Scheduler {
+					o.IndexMinEndpoints = []int{1, -1}[k]
+					s := newScheduler(t, cfg, o)
+					if k == 0 {
+						s.index.eager = r.IntN(4) == 0
+						require.NotNil(t, s.profiles[0].fused)
+					} else {
+						withoutFused(s)
+					}
+					return s
+				}, func(tw *prefixTwin, res Result) bool {
+					kind := 0
+					switch fp := tw.s.profiles[0].fused; {
+					case fp.decisions > fp.counted:
+						fp.counted = fp.decisions
+						fused++
+						kind = 1
+					case tw.s.index.decisions > tw.before:
+						indexed++
+						kind = 2
+					}
+					if kind != 0 && last != 0 && kind != last {
+						switches++
+					}
+					if kind != 0 {
+						last = kind
+					}
+					return kind == 1
+				}, paths)
+				decisions += d
+			})
+		}
+	}
+	t.Logf("decisions %d: fused %d, indexed %d, %d switches between them; fused by path %v", decisions, fused, indexed, switches, paths)
+	require.Greater(t, fused, decisions/4, "fused decisions")
+	require.Greater(t, indexed, decisions/10, "indexed decisions")
+	require.Greater(t, switches, 500, "indexed and fused decisions interleave")
+	for _, p := range (&PrefixAffinityFilter{}).Paths() {
+		require.Positive(t, paths[p], "path %s decided fused (%v)", p, paths)
+	}
+}
+
 // withoutFused makes s decide every profile by its plugins below the
 // index's size.
 func withoutFused(s *Scheduler) {
@@ -163,19 +223,38 @@ func withoutFused(s *Scheduler) {
 	}
 }
 
+// twinSetting is what runPrefixTwins adds to its steps.
+type twinSetting struct {
+	// relays: before a third of the steps, a relay rewrites 82 % of the
+	// blocks of two endpoints in place (more than the index applies one
+	// by one); monotonic: the clock carries a monotonic reading, as the
+	// plugin's does, and two thirds of the update times too.
+	relays, monotonic bool
+}
+
+var twinQuiet = twinSetting{}
+
 // runPrefixTwins runs 600 steps of the twins' setting on n endpoints: the
 // Scheduler twin k is newTwin(k, its options), twin 0 the one under test,
 // twin 1 the reference; every decision of twin 0 for which counted says
 // so is counted, by path, in paths. It returns the decisions counted and
 // made.
-func runPrefixTwins(t *testing.T, r *rand.Rand, cfg string, n int, shape fleetShape, newTwin func(k int, o Options) *Scheduler,
+func runPrefixTwins(t *testing.T, r *rand.Rand, cfg string, n int, shape fleetShape, set twinSetting, newTwin func(k int, o Options) *Scheduler,
 	counted func(tw *prefixTwin, res Result) bool, paths map[string]int) (int, int) {
 	h, err := prefix.NewHasher(prefix.HashConfig{})
 	require.NoError(t, err)
 	var fast, decisions int
 	c := newTwinClock(r)
+	if set.monotonic {
+		c.now = time.Now()
+	}
 	clock, staleAfter := c.read, c.staleAfter
-	stamp := func(m *Metrics) { m.UpdateTime = c.now.Add(-time.Duration(r.IntN(2500)) * time.Millisecond) }
+	stamp := func(m *Metrics) {
+		m.UpdateTime = c.now.Add(-time.Duration(r.IntN(2500)) * time.Millisecond)
+		if set.monotonic && r.IntN(3) == 0 {
+			m.UpdateTime = m.UpdateTime.Round(0)
+		}
+	}
 	fresh := func() *Snapshot {
 		s := shapedSnapshot(r, n, shape)
 		for i := range s.Endpoints {
@@ -194,6 +273,10 @@ func runPrefixTwins(t *testing.T, r *rand.Rand, cfg string, n int, shape fleetSh
 	}
 	contexts := []string{longPrompt("tax law", 30), longPrompt("rust", 50), longPrompt("ops", 20), longPrompt("ops", 6), ""}
 	for step := range 600 {
+		if set.relays && r.IntN(3) == 0 && n > 0 {
+			snaps := []*Snapshot{twins[0].snap, twins[1].snap}
+			kneeRelay(r, shape, stamp, snaps, snaps...)
+		}
 		switch k := r.IntN(40); {
 		case k < 28: // a decision
 			prompt := contexts[r.IntN(len(contexts))] + fmt.Sprintf("question %d?", r.IntN(5))

@@ -16,13 +16,20 @@ import (
 // host instructions in the Wasm guest, where a trivial call costs about
 // 100 (BENCHMARKS.md, "Prefix-aware routing: cost per request").
 //
+// Above the index's size this is the decision under metric churn (the
+// scale bench's, at the knee): at 1,000 endpoints about 0.9M guest
+// instructions for the plugins, 1.2M for the first version of this path
+// (a call and a switch per candidate and scorer, calls in the pass), 0.7M
+// now (BENCHMARKS.md, "The prefix-aware decision under churn").
+//
 // It decides exactly as the plugins do: the same candidates, filter
-// steps, reuse share, scores (scoreSpec.score adds the same shares in the
-// same order), pick and random draws; TestFusedPrefixAwareEqualsScanned
-// checks it against the plugins over random snapshots and prompts of up
-// to 40 endpoints with the index off; above the index's size, where
-// indexed and fused decisions interleave on one filter's reuse share,
-// nothing checks it yet.
+// steps, reuse share, scores (the same shares added in the same order),
+// pick and random draws. TestFusedPrefixAwareEqualsScanned checks it
+// against the plugins over random snapshots and prompts of up to 40
+// endpoints with the index off, TestPrefixAwareUnderChurnEqualsScanned
+// above the index's size under relays that rewrite most endpoints, where
+// indexed and fused decisions interleave on one filter's reuse share and
+// one prefix index.
 // Request.Prefix must be nil or a *PrefixTracker prepared on the snapshot
 // being scheduled; anything else goes to the plugins.
 
@@ -50,11 +57,16 @@ type fusedPrefix struct {
 	spec *scoreSpec
 
 	cands   []fusedCand
+	fresh   []uint8 // freshFlags' result
 	holders []int32 // indexes into cands of those holding some of the prompt
 	sel     []int32 // indexes into cands
 	scores  []float64
 	ids     []uint32
 	loads   []int
+
+	// decisions counts the decisions made here (tests); counted is the
+	// tests' own mark.
+	decisions, counted int
 }
 
 // newFusedPrefix returns p's fused path, or nil when p is not of its
@@ -82,6 +94,7 @@ func (fp *fusedPrefix) schedule(s *Scheduler, c *Cycle, snap *Snapshot) (Result,
 		return Result{}, false
 	}
 
+	fp.decisions++
 	// One pass over the snapshot: the fresh endpoints (as
 	// Scheduler.collect lists them), those the shed-filter keeps, their
 	// matches, and what the affinity filter sums over them.
@@ -91,61 +104,73 @@ func (fp *fusedPrefix) schedule(s *Scheduler, c *Cycle, snap *Snapshot) (Result,
 	if staleness {
 		oldest = c.Now().Add(-s.staleAfter)
 	}
-	// Fresh is not Before(oldest), compared as the index's flat read does
-	// (fastflat.go): without a monotonic reading in oldest, seconds then
-	// nanoseconds, which in the guest costs less than Before's call.
-	wall := oldest == oldest.Round(0)
-	osec, onsec := oldest.Unix(), oldest.Nanosecond()
+	fa := newFreshAt(oldest) // as the index's flat read compares (fastflat.go)
 	shedding := fp.shed != nil && req.shed()
+	shedQ, shedKV := math.MaxInt, math.Inf(1)
+	if shedding {
+		shedQ, shedKV = fp.shed.QueueThreshold, fp.shed.KVCacheThreshold
+	}
 	f := fp.f
+	capQ, capKV := f.QueueThreshold, f.KVCacheThreshold
 	matches := 0
 	if t != nil {
 		matches = t.match.Len()
 	}
-	cands, holders := fp.cands[:0], fp.holders[:0]
-	nFresh, total, seen, pool := 0, 0, 0, 0
-	for i := range snap.Endpoints {
-		m := &snap.Endpoints[i].Metrics
-		if staleness {
-			fresh := 0
-			if wall {
-				sec := m.UpdateTime.Unix()
-				fresh = one(sec > osec) | one(sec == osec)&one(m.UpdateTime.Nanosecond() >= onsec)
-			} else {
-				fresh = one(!m.UpdateTime.Before(oldest))
-			}
-			if fresh == 0 {
-				res.Stale++
-				continue
-			}
+	// The freshness of every endpoint first, then the pass: in the Go
+	// guest a call inside a loop (Before, append's growth) makes every
+	// value the loop keeps go through memory at each turn, so the pass
+	// has none (the matches' search and its appends come after it). cands
+	// has room for every endpoint, so each is written in place.
+	eps := snap.Endpoints
+	fresh, stale := fp.fresh, 0
+	if staleness {
+		fresh, stale = freshFlags(eps, &fa, fresh)
+		fp.fresh = fresh
+	}
+	if cap(fp.cands) < len(eps) {
+		fp.cands = make([]fusedCand, len(eps))
+	}
+	cands, holders := fp.cands[:len(eps)], fp.holders[:0]
+	k, total, seen, pool := 0, 0, 0, 0
+	for i := range eps {
+		m := &eps[i].Metrics
+		if staleness && fresh[i] == 0 {
+			continue
 		}
-		nFresh++
 		kv := m.KVCacheUsage
-		if math.IsNaN(kv) {
+		if kv != kv {
 			kv = 1 // kvUsage
 		}
 		w := m.WaitingQueueSize
-		if shedding && (w > fp.shed.QueueThreshold || kv > fp.shed.KVCacheThreshold) {
-			continue
+		if w > shedQ || kv > shedKV {
+			continue // shed-filter
 		}
-		e := fusedCand{pos: int32(i), w: w, r: m.RunningQueueSize, kv: kv}
-		for j := range matches { // Match.Blocks: the key's first listing
-			if k, blocks := t.match.At(j); k == t.keys[i] {
-				e.matched = blocks
-				break
-			}
-		}
-		if w <= f.QueueThreshold && kv <= f.KVCacheThreshold {
+		e := &cands[k]
+		r := m.RunningQueueSize
+		e.pos, e.w, e.r, e.kv, e.matched, e.narrow = int32(i), w, r, kv, 0, 0
+		if w <= capQ && kv <= capKV {
 			e.narrow = fusedCap
 			pool++
 		}
-		total += w + e.r
-		seen = max(seen, e.matched)
-		if e.matched > 0 {
-			holders = append(holders, int32(len(cands)))
-		}
-		cands = append(cands, e)
+		total += w + r
+		k++
 	}
+	cands = cands[:k]
+	for c := range cands[:k*one(matches > 0)] {
+		e := &cands[c]
+		for j := range matches { // Match.Blocks: the key's first listing
+			if key, blocks := t.match.At(j); key == t.keys[e.pos] {
+				if blocks > 0 {
+					e.matched = blocks
+					seen = max(seen, blocks)
+					holders = append(holders, int32(c))
+				}
+				break
+			}
+		}
+	}
+	res.Stale = stale
+	nFresh := len(eps) - stale
 	fp.cands, fp.holders = cands, holders
 	switch {
 	case len(snap.Endpoints) == 0:
@@ -286,7 +311,14 @@ func narrowFused(cands []fusedCand, sel []int32, bit uint8) []int32 {
 }
 
 // pick is the profile's scorers and MaxScorePicker over sel (more than
-// one): the index in sel of the choice.
+// one): the index in sel of the choice. It adds the scorers' shares term
+// by term over every candidate, in the profile's order, so each score
+// gets the same additions in the same order as scoreSpec.score makes
+// them (and the plugins, scorer by scorer), in one loop per term without
+// scoreSpec.score's call and switch per candidate and term: with many
+// candidates (no prompt, a prompt nobody holds, a saturated pool) those
+// cost the guest more than the plugins' loops did (BENCHMARKS.md, "The
+// prefix-aware decision under churn").
 func (fp *fusedPrefix) pick(c *Cycle, t *PrefixTracker, cands []fusedCand, sel []int32) int {
 	nu := norm{loQ: math.MaxInt, hiQ: math.MinInt, loR: math.MaxInt, hiR: math.MinInt}
 	for _, i := range sel {
@@ -295,18 +327,44 @@ func (fp *fusedPrefix) pick(c *Cycle, t *PrefixTracker, cands []fusedCand, sel [
 		nu.loR, nu.hiR = min(nu.loR, e.r), max(nu.hiR, e.r)
 	}
 	target := c.TargetModel()
+	eps := c.Snapshot.Endpoints
 	scores := growFloats(fp.scores, len(sel))
 	fp.scores = scores
-	for k, i := range sel {
-		e := &cands[i]
-		lora, share := 0.0, 0.0
-		if fp.spec.lora {
-			lora = loraAffinityScore(&c.Snapshot.Endpoints[e.pos].Metrics, target)
+	clear(scores)
+	for _, term := range fp.spec.terms {
+		wt := term.weight
+		switch term.kind {
+		case scoreLoRA:
+			for k, i := range sel {
+				scores[k] += weighted(wt, loraAffinityScore(&eps[cands[i].pos].Metrics, target))
+			}
+		case scoreQueue:
+			for k, i := range sel {
+				scores[k] += weighted(wt, minMaxValue(cands[i].w, nu.loQ, nu.hiQ))
+			}
+		case scoreKV:
+			for k, i := range sel {
+				scores[k] += weighted(wt, 1-cands[i].kv)
+			}
+		case scoreRunning:
+			for k, i := range sel {
+				scores[k] += weighted(wt, minMaxValue(cands[i].r, nu.loR, nu.hiR))
+			}
+		case scorePrefix:
+			if t == nil {
+				for k := range sel {
+					scores[k] += weighted(wt, 0)
+				}
+				continue
+			}
+			blocks := float64(len(t.blocks))
+			for k, i := range sel {
+				scores[k] += weighted(wt, float64(cands[i].matched)/blocks)
+			}
 		}
-		if t != nil {
-			share = float64(e.matched) / float64(len(t.blocks))
-		}
-		scores[k] = fp.spec.score(&nu, indexed{w: e.w, r: e.r, kv: e.kv}, lora, share)
+	}
+	for k := range scores {
+		scores[k] /= fp.spec.weightSum
 	}
 	return maxScoreIndex(c, scores)
 }

@@ -555,24 +555,7 @@ func TestFlatDecisionsUnderChurnEqualScanned(t *testing.T) {
 				for round := range 40 {
 					// A relay: blocks of two, most rewritten (drifted, some
 					// redrawn, some only given a new time).
-					for blk := 0; 2*blk < n; blk++ {
-						if r.IntN(100) >= 82 {
-							continue
-						}
-						hi := min(2*blk+2, n)
-						for i := 2 * blk; i < hi; i++ {
-							m := a.Endpoints[i].Metrics
-							switch r.IntN(4) {
-							case 0:
-								m = shapedSnapshot(r, 1, shape).Endpoints[0].Metrics
-							case 1, 2:
-								drift(r, &m)
-							}
-							stamp(&m)
-							a.Endpoints[i].Metrics, b.Endpoints[i].Metrics = m, m
-						}
-						a.MetricsChangedRange(2*blk, hi)
-					}
+					kneeRelay(r, shape, stamp, []*Snapshot{a, b}, a)
 					if r.IntN(10) == 0 {
 						c.now = c.now.Add(time.Duration(r.IntN(1500)) * time.Millisecond)
 					}
@@ -590,6 +573,37 @@ func TestFlatDecisionsUnderChurnEqualScanned(t *testing.T) {
 		}
 	}
 	require.Greater(t, flatDecisions, 1000, "flat decisions")
+}
+
+// kneeRelay rewrites snapshots (copies of one another) as a relay at the
+// knee's change rate does: 82 % of the blocks of two endpoints, each
+// endpoint's metrics redrawn, drifted or only given a new time (stamp),
+// and each block reported to the snapshots in told with one
+// MetricsChangedRange.
+func kneeRelay(r *rand.Rand, shape fleetShape, stamp func(*Metrics), snaps []*Snapshot, told ...*Snapshot) {
+	n := len(snaps[0].Endpoints)
+	for blk := 0; 2*blk < n; blk++ {
+		if r.IntN(100) >= 82 {
+			continue
+		}
+		hi := min(2*blk+2, n)
+		for i := 2 * blk; i < hi; i++ {
+			m := snaps[0].Endpoints[i].Metrics
+			switch r.IntN(4) {
+			case 0:
+				m = shapedSnapshot(r, 1, shape).Endpoints[0].Metrics
+			case 1, 2:
+				drift(r, &m)
+			}
+			stamp(&m)
+			for _, s := range snaps {
+				s.Endpoints[i].Metrics = m
+			}
+		}
+		for _, s := range told {
+			s.MetricsChangedRange(2*blk, hi)
+		}
+	}
 }
 
 // TestFreshAtIsNotBefore: the flat reads' freshness test is
