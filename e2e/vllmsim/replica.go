@@ -1227,7 +1227,7 @@ func (r *Replica) evictCPU() {
 // a request that reached OutputTokens completes and frees its KV.
 func (r *Replica) finishStep(end time.Duration) {
 	kept := r.running[:0]
-	for _, s := range r.running {
+	for i, s := range r.running {
 		if s.sched > 0 {
 			s.computed += s.sched
 			s.sched = 0
@@ -1259,7 +1259,10 @@ func (r *Replica) finishStep(end time.Duration) {
 				}
 			}
 		}
-		kept = append(kept, s)
+		if len(kept) != i {
+			r.running[len(kept)] = s // behind a request that completed
+		}
+		kept = kept[:len(kept)+1]
 	}
 	for i := len(kept); i < len(r.running); i++ {
 		r.running[i] = nil
