@@ -314,15 +314,32 @@ func benchmarkMainPluginRelays(b *testing.B, code []byte, pluginConfig, variant 
 // tick after each relay re-reads them and requests decide on that (the
 // tick's share is in the figure: BenchmarkRouterTicksUnderRelays has it
 // alone). Per request it includes the host writing the relay's keys
-// (BENCHMARKS.md, "Metrics path at scale").
+// (BENCHMARKS.md, "Metrics path at scale"). /profile=prefix-aware: the
+// profile envoy/envoy.yaml runs (and so bin/scalebench), the request's
+// 4 KiB prompt hashed, looked up and recorded as well; its index's sync
+// every 10 s, so that the tick is the re-read's alone (with the sync's
+// shorter period the tick would come more often than the re-read, which
+// would be due only by the host's clock, and requests would decide on
+// relays long gone).
 func BenchmarkFilterCallbacksUnderRelays(b *testing.B) {
 	code, err := os.ReadFile(wasmbuild.Plugin(b))
 	require.NoError(b, err)
-	for _, refresh := range []string{"request", "tick"} {
-		pluginConfig := `{"models": [{"name": "chat", "criticality": "Standard"}], "scheduler": {"profile": "decision-tree"}, "snapshotRefreshInterval": "` + map[string]string{"request": "0s", "tick": tickBenchRefresh}[refresh] + `"}`
-		for _, pattern := range []string{"none", "values", "heartbeat"} {
-			benchmarkMainPluginRelays(b, code, pluginConfig, "relays="+pattern+"/refresh="+refresh,
-				relayBench{relayEvery: 2, ticks: refresh == "tick"}, relayStates(b, pattern), 1000, 5000)
+	for _, profile := range []string{"decision-tree", "prefix-aware"} {
+		for _, refresh := range []string{"request", "tick"} {
+			more := ""
+			if profile == "prefix-aware" {
+				more = `, "prefix": {"syncInterval": "10s"}`
+			}
+			pluginConfig := `{"models": [{"name": "chat", "criticality": "Standard"}], "scheduler": {"profile": "` + profile + `"}, "snapshotRefreshInterval": "` +
+				map[string]string{"request": "0s", "tick": tickBenchRefresh}[refresh] + `"` + more + `}`
+			for _, pattern := range []string{"none", "values", "heartbeat"} {
+				variant := "relays=" + pattern + "/refresh=" + refresh
+				if profile != "decision-tree" {
+					variant += "/profile=" + profile
+				}
+				benchmarkMainPluginRelays(b, code, pluginConfig, variant,
+					relayBench{relayEvery: 2, ticks: refresh == "tick"}, relayStates(b, pattern), 1000, 5000)
+			}
 		}
 	}
 }
