@@ -216,29 +216,41 @@ const chunkRecords = 16
 // its to take; end is 0 when it has none.
 type recordCursor struct{ next, end int32 }
 
-// newRecord takes the next record of cur's chunk, taking a new chunk when
-// it is used up; the record is clean (no hash, no run) and its count is
-// set to 1.
-func (p *blockPool) newRecord(cur *recordCursor) int32 {
-	if cur.next == cur.end {
-		p.dropCursor(cur)
-		c, ok := popID(&p.freeChunks)
-		if !ok {
-			c = int32(len(p.chunkUse))
-			p.chunkUse = append(p.chunkUse, 0)
-			for range chunkRecords {
-				p.blocks = append(p.blocks, kvBlock{run: noRun})
-			}
+// newRecords sets every id of dst to a record taken from cur's chunk in
+// order, taking a new chunk when it is used up; the records are clean (no
+// hash, no run) and their counts are set to 1.
+func (p *blockPool) newRecords(dst []int32, cur *recordCursor) {
+	for i := 0; i < len(dst); {
+		if cur.next == cur.end {
+			p.takeChunk(cur)
 		}
-		// cur holds it, and its records count as live from now on:
-		// dropCursor takes back those cur did not hand out.
-		p.chunkUse[c] = 1 + chunkRecords
-		cur.next, cur.end = c*chunkRecords, (c+1)*chunkRecords
+		k := min(len(dst)-i, int(cur.end-cur.next))
+		for j := range k {
+			b := cur.next + int32(j)
+			dst[i+j] = b
+			p.blocks[b].state = 1
+		}
+		cur.next += int32(k)
+		i += k
 	}
-	b := cur.next
-	cur.next++
-	p.blocks[b].state = 1
-	return b
+}
+
+// takeChunk gives cur a chunk of records to take from, letting go of its
+// old one.
+func (p *blockPool) takeChunk(cur *recordCursor) {
+	p.dropCursor(cur)
+	c, ok := popID(&p.freeChunks)
+	if !ok {
+		c = int32(len(p.chunkUse))
+		p.chunkUse = append(p.chunkUse, 0)
+		for range chunkRecords {
+			p.blocks = append(p.blocks, kvBlock{run: noRun})
+		}
+	}
+	// cur holds it, and its records count as live from now on:
+	// dropCursor takes back those cur did not hand out.
+	p.chunkUse[c] = 1 + chunkRecords
+	cur.next, cur.end = c*chunkRecords, (c+1)*chunkRecords
 }
 
 // popID takes the last id of a free list, if any.
@@ -401,31 +413,41 @@ func (p *blockPool) touch(list []int32) {
 // noBlock. The caller has checked n <= p.free.
 func (p *blockPool) allocate(n int, dst []int32, cur *recordCursor) []int32 {
 	start := len(dst)
-	for range n {
-		dst = append(dst, p.popFront())
-	}
+	dst = slices.Grow(dst, n)[:start+n]
 	taken := dst[start:]
+	// The anonymous blocks at the head go first (popFront's first case),
+	// then the FIFO's.
+	anonymous := min(n, p.anonymous)
+	p.anonymous -= anonymous
+	p.free -= anonymous
+	fromFIFO := taken[anonymous:]
+	for i := range fromFIFO {
+		fromFIFO[i] = p.popFront()
+	}
 	// Read the taken records before evicting them one by one: these loads
 	// do not depend on each other, so their cache misses overlap, where
 	// each eviction's probe of the index waits for its record.
 	all := noRun // the runs of all the records, and-ed: noRun if none has one
-	for _, b := range taken {
+	for _, b := range fromFIFO {
 		if b != noBlock {
 			all &= p.blocks[b].run
 		}
 	}
-	for _, b := range taken {
-		if all != noRun && b != noBlock {
-			p.evict(b) // the queue's records all have a hash
-			p.killRecord(b)
+	if all != noRun {
+		for _, b := range fromFIFO {
+			if b != noBlock {
+				p.evict(b) // the queue's records all have a hash
+				p.killRecord(b)
+			}
 		}
 	}
 	// The evicted records are gone; the new blocks get the owner's.
-	for i := range taken {
-		taken[i] = noBlock
-		if cur != nil {
-			taken[i] = p.newRecord(cur)
+	if cur == nil {
+		for i := range taken {
+			taken[i] = noBlock
 		}
+	} else {
+		p.newRecords(taken, cur)
 	}
 	return dst
 }
