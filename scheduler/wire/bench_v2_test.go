@@ -78,6 +78,48 @@ func BenchmarkCacheRefresh(b *testing.B) {
 	}
 }
 
+// BenchmarkCacheRefreshAdapters is BenchmarkCacheRefresh with adapter
+// lists changing as well, as at the knee of bin/scalebench (a fifth of
+// the endpoints change adapters each scrape there): in every relay one
+// agent in five reports a shorter list on an endpoint (its block changes
+// size and the blocks after it in the segment move) and one in five the
+// same number of other adapters, the strings the same (same identities).
+func BenchmarkCacheRefreshAdapters(b *testing.B) {
+	for _, n := range []int{1000, 5000} {
+		agents := n / 2
+		encs := make([]BlockEncoder, agents)
+		var d PushDecoder
+		var pushes [][]byte
+		for r := range 2 {
+			send := at(time.Duration(r) * 50 * time.Millisecond)
+			buf := AppendPushV2Header(nil, KindRelay, "agg-0", send, agents)
+			for a := range agents {
+				id := fmt.Sprintf("node-%05d", a)
+				eps := agentState(id, 2, uint32(3*(r+1)), send)
+				switch {
+				case r == 1 && a%5 == 0:
+					eps[0].ActiveAdapters = []string{"tenant-0"}
+				case r == 1 && a%5 == 1:
+					eps[0].ActiveAdapters = []string{"summary", "tenant-0"}
+				}
+				p, err := encs[a].AppendAgentPush(nil, &Push{AgentID: id, Seq: uint64(r + 1), SendTime: send, Endpoints: eps}, Limits{})
+				if err != nil {
+					b.Fatal(err)
+				}
+				v, err := d.Decode(p, Limits{})
+				if err != nil {
+					b.Fatal(err)
+				}
+				buf = AppendRelayBlock(buf, v.Blocks[0], 10*time.Millisecond)
+			}
+			pushes = append(pushes, buf)
+		}
+		b.Run(fmt.Sprintf("endpoints=%d", n), func(b *testing.B) {
+			benchAlternatingRefresh(b, n, [2][][]byte{pushes[:1], pushes[:2]})
+		})
+	}
+}
+
 // benchAlternatingRefresh measures a cache alternating between two stores,
 // each holding states[j] applied in turn 50 ms apart.
 func benchAlternatingRefresh(b *testing.B, n int, states [2][][]byte) {

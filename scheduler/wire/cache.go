@@ -77,6 +77,12 @@ type segView struct {
 	off, n int         // its endpoints in Cache.all
 	newest int64       // latest received of its blocks
 
+	// flat: cur.Blocks lie back to back in buf, from its header to its
+	// end (what checkSameLayout needs); written: this read has already
+	// rewritten the segment's endpoints (no materialize); allRewritten:
+	// it rewrote every endpoint (no block unchanged).
+	flat, written, allRewritten bool
+
 	// the next value, while it is being checked
 	spare    []byte
 	next     Segment
@@ -141,9 +147,9 @@ func (c *Cache) Refresh(st Store) (snap *scheduler.Snapshot, changed bool, err e
 	if cap(b) > cap(c.dirBuf) && cap(b) <= 2*DirBytes {
 		c.dirBuf = b[:0]
 	}
-	c.dirAbsent = errors.Is(err, ErrNotFound)
+	c.dirAbsent = err != nil && errors.Is(err, ErrNotFound)
 	switch {
-	case errors.Is(err, ErrNotFound):
+	case c.dirAbsent:
 		if !c.valid && len(c.all) == 0 {
 			return &c.snap, false, nil
 		}
@@ -186,7 +192,7 @@ func (c *Cache) Refresh(st Store) (snap *scheduler.Snapshot, changed bool, err e
 		c.relayout()
 	} else {
 		for k := range c.segs {
-			if c.segs[k].changed {
+			if sv := &c.segs[k]; sv.changed && !sv.written {
 				c.materialize(k, false)
 			}
 		}
@@ -209,26 +215,37 @@ func (c *Cache) tellScheduler(identities bool) {
 		c.snap.Changed()
 		return
 	}
+	// Runs of rewritten blocks are told as one range each, across the
+	// blocks and segments that lie next to each other in c.all (at the
+	// knee, most of a relay in one call).
+	from, to := 0, 0
 	for k := range c.segs {
 		sv := &c.segs[k]
 		if !sv.changed {
 			continue
 		}
-		// Runs of rewritten blocks are told as one range each.
-		i, run := sv.off, sv.off
-		for bi := range sv.cur.Info {
-			if sv.strs[bi].unchanged {
-				if run < i {
-					c.snap.MetricsChangedRange(run, i)
-				}
-				run = i + sv.cur.Info[bi].Len
+		i := sv.off
+		if sv.allRewritten {
+			if i != to {
+				c.snap.MetricsChangedRange(from, to)
+				from = i
 			}
-			i += sv.cur.Info[bi].Len
+			to = i + sv.n
+			continue
 		}
-		if run < i {
-			c.snap.MetricsChangedRange(run, i)
+		for bi := range sv.cur.Info {
+			n := sv.cur.Info[bi].Len
+			if !sv.strs[bi].unchanged {
+				if i != to {
+					c.snap.MetricsChangedRange(from, to)
+					from = i
+				}
+				to = i + n
+			}
+			i += n
 		}
 	}
+	c.snap.MetricsChangedRange(from, to)
 }
 
 // reset forgets everything (the directory is gone: a new Envoy, or the
@@ -252,6 +269,7 @@ func (c *Cache) reset() {
 // again when its generation moves).
 func (c *Cache) readSegment(st Store, k int, dirGen uint32) (moved, strs bool, err error) {
 	sv := &c.segs[k]
+	sv.written, sv.allRewritten = false, false
 	var b []byte
 	if dirGen != 0 {
 		var gerr error
@@ -260,9 +278,10 @@ func (c *Cache) readSegment(st Store, k int, dirGen uint32) (moved, strs bool, e
 			sv.spare = b[:0]
 		}
 		switch {
+		case gerr == nil:
 		case errors.Is(gerr, ErrNotFound):
 			b = nil
-		case gerr != nil:
+		default:
 			return false, false, gerr
 		}
 	}
@@ -387,6 +406,7 @@ func (c *Cache) readSegment(st Store, k int, dirGen uint32) (moved, strs bool, e
 	for i := range sv.cur.Info {
 		sv.newest = max(sv.newest, sv.cur.Info[i].Received)
 	}
+	sv.flat = isFlat(sv.buf, sv.cur.Blocks)
 	moved = moved || n != sv.n
 	sv.n = n
 	return moved, strs || moved, err
@@ -395,17 +415,23 @@ func (c *Cache) readSegment(st Store, k int, dirGen uint32) (moved, strs bool, e
 // rereadInPlace takes the new value b of segment sv when it holds the
 // same blocks as the current one, in the same order (same identities,
 // endpoint and string counts): the common re-read, where only values,
-// times and adapter lists moved. It copies b into the current value's
-// buffer, so the current blocks (views of it) read the new content, and
-// updates their headers field by field; only blocks whose adapter lists
-// changed length, and so moved, get new views. Pointer stores are what
-// the guest pays a write barrier for while its collector marks, and
-// walkSegment and the matching in readSegment store a few per block
-// (BENCHMARKS.md). It checks what walkSegment and readSegment would
-// (each block fits, its records fit, new adapter references are in
-// range) and reports false, changing nothing but the read flags, when
-// the layout differs or a check fails; readSegment then reads b the
-// general way.
+// times and adapter lists moved. It checks every block first, changing
+// nothing but the read flags, and reports false when the layout differs
+// or a check fails (readSegment then reads b the general way); it checks
+// what walkSegment and readSegment would (each block fits, its records
+// fit, new adapter references are in range). Then it copies b into the
+// current value's buffer, so the current blocks (views of it) read the
+// new content, updates their headers field by field and rewrites the
+// endpoints of the blocks that changed, so the segment needs no
+// materialize. Only when a block's adapter list changed length, and so
+// blocks moved, are views stored anew: pointer stores are what the guest
+// pays a write barrier for while its collector marks (BENCHMARKS.md).
+//
+// The loops make no calls and take few branches in the common case: in
+// the Wasm guest every taken branch goes through the function's dispatch
+// and every call spills the loop's state to the Go stack in linear
+// memory, which was most of what a re-read cost ("The router's re-read,
+// restructured").
 func (c *Cache) rereadInPlace(sv *segView, b []byte) bool {
 	cur := sv.cur.Info
 	if !sv.known || len(b) < segHeaderBytes || len(cur) != len(sv.cur.Blocks) ||
@@ -413,59 +439,177 @@ func (c *Cache) rereadInPlace(sv *segView, b []byte) bool {
 		int(le16(b, 8)) != len(cur) || le16(b, 10) != 0 || le32(b, 12) != 0 {
 		return false
 	}
-	// Check every block before changing anything but the read flags (any
-	// successful read sets them anew).
-	off, moved := segHeaderBytes, false
-	for i := range cur {
-		o, old := &cur[i], sv.cur.Blocks[i]
-		if len(b)-off < blockHeaderBytes {
-			return false
-		}
-		p := unsafe.Pointer(&b[off])
-		size := int(ld32(p, bhLen))
-		if size < blockHeaderBytes || size > len(b)-off || ld32(p, bhIdentity) != o.Identity || int(ld16(p, bhEps)) != o.Len ||
-			blockHeaderBytes+o.Len*recordBytes > size || int(ld16(p, bhStrs)) != o.Strings {
-			return false
-		}
-		blk := Block(b[off : off+size])
-		refsSame := int(ld16(p, bhRefs)) == o.Refs && sameRefs(blk, old, o.Len, o.Refs)
-		if !refsSame && !checkRefs(blk, &c.lim) {
-			return false
-		}
-		sv.strs[i].refsSame = refsSame
-		moved = moved || size != len(old) || off >= len(sv.buf) || unsafe.SliceData(old) != &sv.buf[off]
-		off += size
+	resized, ok := false, sv.flat && len(b) == len(sv.buf) && c.checkSameLayout(sv, b)
+	if !ok {
+		resized, ok = c.checkInPlace(sv, b)
 	}
-	if off != len(b) {
+	if !ok {
 		return false
 	}
+	// Blocks stay where they are when none changed size in a current
+	// value whose blocks lie back to back (then b has its length).
+	moved := resized || !sv.flat
 	if cap(sv.buf) < len(b) {
 		sv.buf, sv.spare = b, sv.buf // b is sv.spare's storage, or larger
+		moved = true
 	} else {
 		sv.buf = sv.buf[:len(b)]
 		copy(sv.buf, b)
 	}
-	off = segHeaderBytes
+	c.commitInPlace(sv, moved)
+	sv.cur.Gen = le32(b, 4)
+	sv.known, sv.changed, sv.written, sv.flat = true, true, true, true
+	return true
+}
+
+// checkSameLayout is checkInPlace's common case, taken when the current
+// blocks lie back to back in sv.buf (flat) and b has its length: b then
+// holds the same blocks at the same offsets when every block header has
+// the current one's size, counts and identity, which it compares as words
+// with the bytes already checked (no bounds to check: each block lies
+// where the current one does).
+func (c *Cache) checkSameLayout(sv *segView, b []byte) bool {
+	cur, strs := sv.cur.Info, sv.strs[:len(sv.cur.Info)]
+	nb, ob := unsafe.Pointer(unsafe.SliceData(b)), unsafe.Pointer(unsafe.SliceData(sv.buf))
+	off := segHeaderBytes
 	for i := range cur {
-		o, r := &cur[i], &sv.strs[i]
-		p := unsafe.Pointer(&sv.buf[off])
+		p, q := unsafe.Add(nb, off), unsafe.Add(ob, off)
+		size := int(ld32(q, bhLen))
+		// Size, then counts and flags, string bytes and identity, zero.
+		d := uint64(ld32(p, bhLen)^ld32(q, bhLen)) | (ld64(p, bhEps) ^ ld64(q, bhEps)) | (ld64(p, bhStrBytes) ^ ld64(q, bhStrBytes)) |
+			uint64(ld32(p, bhZero)^ld32(q, bhZero))
+		if d != 0 {
+			return false
+		}
+		d = refsDiffer(p, q, cur[i].Len, cur[i].Refs, size)
+		if d != 0 && !checkRefs(Block(b[off:off+size]), &c.lim) {
+			return false
+		}
+		strs[i].refsSame = d == 0
+		off += size
+	}
+	return true
+}
+
+// refsDiffer is nonzero when the blocks at p and q, of the same layout (n
+// endpoints, nRefs refs, size bytes), have different adapter lists: each
+// record's refs_first and counts (two records a turn), then the refs a
+// word at a time. A word may run into the string lengths and strings that
+// follow, the same in both blocks (same identity), so it compares no less
+// than it must; a block too short for that compares exactly.
+func refsDiffer(p, q unsafe.Pointer, n, nRefs, size int) uint64 {
+	var d uint64
+	at := blockHeaderBytes + erRefsFirst
+	for ; n >= 2; n -= 2 {
+		d |= uint64(ld32(p, at)^ld32(q, at)) | uint64(ld32(p, at+recordBytes)^ld32(q, at+recordBytes))
+		at += 2 * recordBytes
+	}
+	if n == 1 {
+		d |= uint64(ld32(p, at) ^ ld32(q, at))
+		at += recordBytes
+	}
+	at -= erRefsFirst
+	if end := at + 2*nRefs; end+7 <= size {
+		for ; at < end; at += 8 {
+			d |= ld64(p, at) ^ ld64(q, at)
+		}
+	} else {
+		for ; at < end; at += 2 {
+			d |= uint64(ld16(p, at) ^ ld16(q, at))
+		}
+	}
+	return d
+}
+
+// checkInPlace is rereadInPlace's check of every block of b against the
+// current one; resized: some block's adapter refs changed count.
+func (c *Cache) checkInPlace(sv *segView, b []byte) (resized, ok bool) {
+	cur := sv.cur.Info
+	blocks, strs := sv.cur.Blocks[:len(cur)], sv.strs[:len(cur)]
+	nb := unsafe.Pointer(unsafe.SliceData(b))
+	off := segHeaderBytes
+	for i := range cur {
+		if len(b)-off < blockHeaderBytes {
+			return false, false
+		}
+		p, q := unsafe.Add(nb, off), unsafe.Pointer(unsafe.SliceData(blocks[i]))
+		size := int(ld32(p, bhLen))
+		// Counts and flags, string bytes and identity, zero: all as the
+		// current block's but the refs count.
+		d := (ld64(p, bhEps) ^ ld64(q, bhEps)) | (ld64(p, bhStrBytes) ^ ld64(q, bhStrBytes)) | uint64(ld32(p, bhZero)^ld32(q, bhZero))
+		if d&^(0xffff<<(8*(bhRefs-bhEps))) != 0 || size > len(b)-off {
+			return false, false
+		}
+		if d |= uint64(size ^ len(blocks[i])); d == 0 {
+			// The same layout: the adapter lists are each record's
+			// refs_first and counts (two records a turn), then the refs a
+			// word at a time. A word may run into the string lengths and
+			// strings that follow, the same in both blocks (same
+			// identity), so it compares no less than it must; a block too
+			// short for that compares exactly.
+			if d = refsDiffer(p, q, cur[i].Len, cur[i].Refs, size); d != 0 && !checkRefs(Block(b[off:off+size]), &c.lim) {
+				return false, false
+			}
+		} else if blockHeaderBytes+cur[i].Len*recordBytes > size || !checkRefs(Block(b[off:off+size]), &c.lim) {
+			return false, false // another refs count: the records must fit, the refs be in range
+		} else {
+			resized = true
+		}
+		strs[i].refsSame = d == 0
+		off += size
+	}
+	return resized, off == len(b)
+}
+
+// commitInPlace is rereadInPlace's update of the current blocks from
+// sv.buf, which holds the checked new value: their headers, their views
+// when they moved, and their endpoints.
+func (c *Cache) commitInPlace(sv *segView, moved bool) {
+	cur := sv.cur.Info
+	blocks, strs := sv.cur.Blocks[:len(cur)], sv.strs[:len(cur)]
+	ob := unsafe.Pointer(unsafe.SliceData(sv.buf))
+	dst := c.all[sv.off : sv.off+sv.n]
+	at, newest, kept := 0, int64(0), false
+	off := segHeaderBytes
+	for i := range cur {
+		o, r := &cur[i], &strs[i]
+		p := unsafe.Add(ob, off)
 		size := int(ld32(p, bhLen))
 		if moved {
-			sv.cur.Blocks[i] = Block(sv.buf[off : off+size])
+			blocks[i] = Block(sv.buf[off : off+size])
+			o.Refs = int(ld16(p, bhRefs))
 		}
 		seq, held, recv := ld64(p, bhSeq), int64(ld64(p, bhHeld)), int64(ld64(p, bhReceived))
 		r.sameID = true
-		r.unchanged = r.refsSame && o.Seq == seq && o.Received == recv && o.Held == held
-		o.Seq, o.Held, o.Received, o.Refs = seq, held, recv, int(ld16(p, bhRefs))
+		r.unchanged = r.refsSame && (o.Seq^seq)|uint64(o.Received^recv)|uint64(o.Held^held) == 0
+		o.Seq, o.Held, o.Received = seq, held, recv
+		newest = max(newest, recv)
+		eps := dst[at : at+o.Len]
+		at += o.Len
 		off += size
+		switch {
+		case r.unchanged:
+			kept = true
+		case r.refsSame:
+			rewriteValues(eps, unsafe.Add(p, blockHeaderBytes), recv)
+		default:
+			fillBlock(eps, blocks[i], r.strs, recv, false, true)
+		}
 	}
-	sv.cur.Gen = le32(b, 4)
-	sv.known, sv.changed = true, true
-	sv.newest = 0
-	for i := range cur {
-		sv.newest = max(sv.newest, cur[i].Received)
+	sv.newest, sv.allRewritten = newest, !kept
+}
+
+// isFlat reports whether blocks lie back to back in buf, from the segment
+// header to its end.
+func isFlat(buf []byte, blocks []Block) bool {
+	off := segHeaderBytes
+	for _, blk := range blocks {
+		if off >= len(buf) || unsafe.SliceData(blk) != &buf[off] {
+			return false
+		}
+		off += len(blk)
 	}
-	return true
+	return off == len(buf)
 }
 
 // sameEndpoints reports whether blocks a and b (with strings sa and sb)
@@ -520,9 +664,6 @@ func (c *Cache) relayout() {
 // materialize writes segment k's endpoints into its range of c.all: all
 // fields when full; else values always, identities only for blocks whose
 // identity is new and adapter lists only for blocks whose lists changed.
-// Fields are read with unchecked loads (load_le.go): walkSegment checked
-// that every record lies inside its block, checkRefs (or checkRecords) the
-// adapter references.
 func (c *Cache) materialize(k int, full bool) {
 	sv := &c.segs[k]
 	dst := c.all[sv.off : sv.off+sv.n]
@@ -532,62 +673,69 @@ func (c *Cache) materialize(k int, full bool) {
 		if n == 0 {
 			continue
 		}
-		if !full && sv.strs[bi].unchanged {
+		r := &sv.strs[bi]
+		if !full && r.unchanged {
 			i += n // the same block as before: its endpoints hold its values
 			continue
 		}
 		recv := sv.cur.Info[bi].Received
-		bs := sv.strs[bi].strs
-		strs := bs.strs
-		ident := full || !sv.strs[bi].sameID
-		adapters := full || !sv.strs[bi].refsSame
-		if adapters {
-			bs.adapters = bs.adapters[:0]
-		}
-		recs := unsafe.Pointer(&blk[blockHeaderBytes])
+		ident, adapters := full || !r.sameID, full || !r.refsSame
 		if !ident && !adapters {
-			rewriteValues(dst[i:i+n], recs, recv)
-			i += n
+			rewriteValues(dst[i:i+n], unsafe.Pointer(&blk[blockHeaderBytes]), recv)
+		} else {
+			fillBlock(dst[i:i+n], blk, r.strs, recv, ident, adapters)
+		}
+		i += n
+	}
+}
+
+// fillBlock writes block blk's endpoints (strings bs, received at recv)
+// into dst: values always, identities when ident, adapter lists when
+// adapters (rebuilding bs.adapters). Fields are read with unchecked loads
+// (load_le.go): walkSegment checked that every record lies inside its
+// block, checkRefs (or checkRecords) the adapter references.
+func fillBlock(dst []scheduler.Endpoint, blk Block, bs *blockStrings, recv int64, ident, adapters bool) {
+	strs := bs.strs
+	if adapters {
+		bs.adapters = bs.adapters[:0]
+	}
+	recs := unsafe.Pointer(&blk[blockHeaderBytes])
+	var refs unsafe.Pointer
+	if blk.nRefs() > 0 {
+		refs = unsafe.Pointer(&blk[blk.refsAt()])
+	}
+	for r := range dst {
+		q := unsafe.Add(recs, r*recordBytes)
+		ep := &dst[r]
+		if ident {
+			ep.ID = scheduler.EndpointID{Namespace: strs[ld16(q, erNamespace)], Name: strs[ld16(q, erName)]}
+			ep.Address = strs[ld16(q, erAddress)]
+			ep.Port = int(ld16(q, erPort))
+		}
+		m := &ep.Metrics
+		m.WaitingQueueSize = int(ld32(q, erWaiting))
+		m.RunningQueueSize = int(ld32(q, erRunning))
+		m.KVCacheUsage = math.Float64frombits(ld64(q, erKV))
+		m.MaxActiveModels = int(ld32(q, erMaxAdapters))
+		setTime(&m.UpdateTime, time.Unix(0, clampTime(recv-int64(ld64(q, erAge)))))
+		m.RoutedSinceUpdate = 0
+		if !adapters {
 			continue
 		}
-		var refs unsafe.Pointer
-		if blk.nRefs() > 0 {
-			refs = unsafe.Pointer(&blk[blk.refsAt()])
+		first, na, nw := int(ld16(q, erRefsFirst)), int(*(*uint8)(unsafe.Add(q, erNActive))), int(*(*uint8)(unsafe.Add(q, erNWaiting)))
+		m.ActiveModels, m.WaitingModels = nil, nil
+		if na+nw == 0 {
+			continue
 		}
-		for r := 0; r < n; r++ {
-			q := unsafe.Add(recs, r*recordBytes)
-			ep := &dst[i]
-			i++
-			if ident {
-				ep.ID = scheduler.EndpointID{Namespace: strs[ld16(q, erNamespace)], Name: strs[ld16(q, erName)]}
-				ep.Address = strs[ld16(q, erAddress)]
-				ep.Port = int(ld16(q, erPort))
-			}
-			m := &ep.Metrics
-			m.WaitingQueueSize = int(ld32(q, erWaiting))
-			m.RunningQueueSize = int(ld32(q, erRunning))
-			m.KVCacheUsage = math.Float64frombits(ld64(q, erKV))
-			m.MaxActiveModels = int(ld32(q, erMaxAdapters))
-			setTime(&m.UpdateTime, time.Unix(0, clampTime(recv-int64(ld64(q, erAge)))))
-			m.RoutedSinceUpdate = 0
-			if !adapters {
-				continue
-			}
-			first, na, nw := int(ld16(q, erRefsFirst)), int(*(*uint8)(unsafe.Add(q, erNActive))), int(*(*uint8)(unsafe.Add(q, erNWaiting)))
-			m.ActiveModels, m.WaitingModels = nil, nil
-			if na+nw == 0 {
-				continue
-			}
-			start := len(bs.adapters)
-			for j := 0; j < na+nw; j++ {
-				bs.adapters = append(bs.adapters, strs[ld16(refs, 2*(first+j))])
-			}
-			if na > 0 {
-				m.ActiveModels = bs.adapters[start : start+na : start+na]
-			}
-			if nw > 0 {
-				m.WaitingModels = bs.adapters[start+na : start+na+nw : start+na+nw]
-			}
+		start := len(bs.adapters)
+		for j := 0; j < na+nw; j++ {
+			bs.adapters = append(bs.adapters, strs[ld16(refs, 2*(first+j))])
+		}
+		if na > 0 {
+			m.ActiveModels = bs.adapters[start : start+na : start+na]
+		}
+		if nw > 0 {
+			m.WaitingModels = bs.adapters[start+na : start+na+nw : start+na+nw]
 		}
 	}
 }
@@ -596,16 +744,31 @@ func (c *Cache) materialize(k int, full bool) {
 // endpoint of eps, received at recv) into eps: a re-read's common case,
 // identities and adapter lists as they were, in a loop of its own without
 // calls or pointer stores (the guest's cost per endpoint, BENCHMARKS.md).
+// An update time is the receipt less the record's age: its words (see
+// setUnixNano) come from the receipt's, without a division per endpoint,
+// when the age is under a second.
 func rewriteValues(eps []scheduler.Endpoint, recs unsafe.Pointer, recv int64) {
+	sec, nsec, fast := recv/1e9+unixToInternal, recv%1e9, uint64(1e9)
+	if recv < 1e9 {
+		fast = 0 // not a receipt time of this century: every time the general way
+	}
+	q := recs
 	for r := range eps {
-		q := unsafe.Add(recs, r*recordBytes)
 		m := &eps[r].Metrics
 		m.WaitingQueueSize = int(ld32(q, erWaiting))
 		m.RunningQueueSize = int(ld32(q, erRunning))
 		m.KVCacheUsage = math.Float64frombits(ld64(q, erKV))
 		m.MaxActiveModels = int(ld32(q, erMaxAdapters))
-		setUnixNano(&m.UpdateTime, clampTime(recv-int64(ld64(q, erAge))))
 		m.RoutedSinceUpdate = 0
+		age, t := int64(ld64(q, erAge)), (*timeWords)(unsafe.Pointer(&m.UpdateTime))
+		q = unsafe.Add(q, recordBytes)
+		if t.loc != unixLoc || uint64(age) >= fast {
+			setUnixNano(&m.UpdateTime, clampTime(recv-age))
+			continue
+		}
+		ns := nsec - age
+		borrow := ns >> 63 // -1 when the age reaches into the second before
+		t.wall, t.ext = uint64(ns+borrow&1e9), sec+borrow
 	}
 }
 

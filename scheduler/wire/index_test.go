@@ -1,6 +1,7 @@
 package wire
 
 import (
+	"encoding/binary"
 	"fmt"
 	"math/rand/v2"
 	"testing"
@@ -197,4 +198,92 @@ func TestSetUnixNanoIsTimeUnix(t *testing.T) {
 	dst = time.Unix(0, 5).UTC() // another location: taken whole
 	setUnixNano(&dst, 7)
 	require.Equal(t, time.Unix(0, 7), dst)
+}
+
+// TestRewriteValuesTimesAreTimeUnix: the update times rewriteValues
+// derives from the receipt's seconds (no division per endpoint) are
+// time.Unix's of the receipt less the age, across second boundaries, for
+// ages of a second and more, and for receipts too small for that path.
+func TestRewriteValuesTimesAreTimeUnix(t *testing.T) {
+	ages := []int64{0, 1, 123_456_788, 123_456_789, 123_456_790, 999_999_999, 1_000_000_000, 2_500_000_001, -1}
+	rec := make([]byte, len(ages)*recordBytes)
+	for i, a := range ages {
+		binary.LittleEndian.PutUint64(rec[i*recordBytes+erAge:], uint64(a))
+		binary.LittleEndian.PutUint32(rec[i*recordBytes+erWaiting:], uint32(i))
+	}
+	for _, recv := range []int64{t0.UnixNano(), 1_750_000_000_000_000_000, 1_750_000_000_999_999_999, 999_999_999, 5} {
+		eps := make([]scheduler.Endpoint, len(ages))
+		for i := range eps {
+			eps[i].Metrics.UpdateTime = time.Unix(0, 1) // a previous read's: the location set
+			eps[i].Metrics.RoutedSinceUpdate = 3
+		}
+		eps[1].Metrics.UpdateTime = time.Time{} // never read: no location yet
+		rewriteValues(eps, unsafe.Pointer(&rec[0]), recv)
+		for i, a := range ages {
+			require.Equal(t, time.Unix(0, clampTime(recv-a)), eps[i].Metrics.UpdateTime, "receipt %d age %d", recv, a)
+			require.Equal(t, i, eps[i].Metrics.WaitingQueueSize)
+			require.Zero(t, eps[i].Metrics.RoutedSinceUpdate)
+		}
+	}
+}
+
+// TestInPlaceRefreshEqualsFreshSnapshot: after rounds in which some
+// agents' values move, some agents' adapter lists change (to lists of the
+// same or another length, so blocks move) and some stay as they were, the
+// refreshed snapshot is the one a fresh cache reads from the same shared
+// data, and the segments were re-read in place (no materialize, no
+// strings made again).
+func TestInPlaceRefreshEqualsFreshSnapshot(t *testing.T) {
+	st := &MemStore{}
+	w := NewWriter(testKeys, Limits{}, time.Hour)
+	require.NoError(t, w.Init(st))
+	const agents = 200
+	encs := make([]BlockEncoder, agents)
+	seq := make([]uint64, agents)
+	lists := [][]string{{"sql-lora"}, {"sql-lora", "tenant-0"}, {"tenant-0"}, nil, {"sql-lora", "summary", "tenant-0"}}
+	r := rand.New(rand.NewPCG(3, 4))
+	now := at(0)
+	push := func(a int, list []string) {
+		id := fmt.Sprintf("node-%03d", a)
+		seq[a]++
+		eps := agentState(id, 1+a%3, uint32(3*r.IntN(100)), now.Add(-time.Duration(r.IntN(1500))*time.Millisecond))
+		for i := range eps {
+			eps[i].ActiveAdapters, eps[i].WaitingAdapters = list, nil
+		}
+		b, err := encs[a].AppendAgentPush(nil, &Push{AgentID: id, Seq: seq[a], SendTime: now, Endpoints: eps}, Limits{})
+		require.NoError(t, err)
+		_, err = w.Apply(st, b, now)
+		require.NoError(t, err)
+	}
+	for a := range agents { // every adapter name in every table from the start
+		push(a, lists[4])
+	}
+	c := NewCache(testKeys, Limits{})
+	_, _, err := c.Refresh(st)
+	require.NoError(t, err)
+	rebuilds, inPlace := c.Stats().Rebuilds, 0
+	for round := range 30 {
+		now = now.Add(50*time.Millisecond + time.Duration(r.IntN(1000))*time.Microsecond)
+		for a := range agents {
+			switch k := r.IntN(10); {
+			case k < 3: // unchanged
+			case k < 8:
+				push(a, lists[4]) // values only
+			default:
+				push(a, lists[r.IntN(len(lists))])
+			}
+		}
+		snap, changed, err := c.Refresh(st)
+		require.NoError(t, err)
+		require.True(t, changed)
+		fresh := snapshotOf(t, st)
+		require.Equal(t, fresh.Endpoints, snap.Endpoints, "round %d", round)
+		for k := range c.segs {
+			if c.segs[k].changed && c.segs[k].written {
+				inPlace++
+			}
+		}
+	}
+	assert.Equal(t, rebuilds, c.Stats().Rebuilds, "no strings made again")
+	assert.Greater(t, inPlace, 30*NumSegments*9/10, "segments re-read in place")
 }
