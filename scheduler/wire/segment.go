@@ -1,7 +1,6 @@
 package wire
 
 import (
-	"bytes"
 	"encoding/binary"
 	"strconv"
 	"unsafe"
@@ -257,13 +256,7 @@ func readSegment(b []byte, index int, lim *Limits, s *Segment, known []uint32) (
 		ok := ld16(p, bhFlags) == 0 && ld32(p, bhZero) == 0 && ld64(p, bhSeq) != 0 && int64(ld64(p, bhHeld)) >= 0 &&
 			int64(ld64(p, bhReceived)) > 0 && ld32(p, bhIdentity) != 0 &&
 			neps <= lim.MaxEndpoints && nstrs != 0 && lens+nstrs+strBytes == size && b[off+lens] != 0
-		if ok {
-			total := 0
-			for _, l := range b[off+lens : off+lens+nstrs] {
-				total += int(l)
-			}
-			ok = total == strBytes
-		}
+		ok = ok && sumBytes(b[off+lens:off+lens+nstrs]) == strBytes
 		blk := Block(b[off : off+size])
 		if !ok {
 			if _, err := checkHeader(blk, lim, inStorage, "segment.blocks", i, off); err != nil {
@@ -273,13 +266,14 @@ func readSegment(b []byte, index int, lim *Limits, s *Segment, known []uint32) (
 		at := lens + nstrs
 		id := blk[at : at+int(blk[lens])]
 		identity := ld32(p, bhIdentity)
-		if !hasIdentity(known, identity) {
+		// The writer remembers the identities of what it wrote in order.
+		if !(i < len(known) && known[i] == identity) && !hasIdentity(known, identity) {
 			unknown = true
 			if SegmentOf(id) != index {
 				return false, errf(ErrInvalidField, "segment.blocks["+strconv.Itoa(i)+"]", off, "agent "+strconv.Quote(string(id))+" belongs in segment "+strconv.Itoa(SegmentOf(id)))
 			}
 		}
-		if i > 0 && bytes.Compare(prevID, id) >= 0 {
+		if i > 0 && compareIDs(prevID, id) >= 0 {
 			return false, errf(ErrInvalidField, "segment.blocks["+strconv.Itoa(i)+"]", off, "agents not sorted and unique")
 		}
 		prevID = id

@@ -1,7 +1,6 @@
 package wire
 
 import (
-	"bytes"
 	"math"
 	"unsafe"
 )
@@ -60,7 +59,7 @@ func (w *Writer) takeBlocks(st Store, body []byte, off, nb int, stats *ApplyStat
 		b := Block(body[off : off+n])
 		at := lens + nstrs
 		id := b[at : at+int(b[lens])]
-		if i > 0 && bytes.Compare(prevID, id) >= 0 {
+		if i > 0 && compareIDs(prevID, id) >= 0 {
 			return off, errUnsorted(i, off, prevID, id)
 		}
 		prevID = id
@@ -77,7 +76,7 @@ func (w *Writer) takeBlocks(st Store, body []byte, off, nb int, stats *ApplyStat
 		m := -1
 		stored := s.stored.Info
 		for s.cursor < len(stored) {
-			if c := bytes.Compare(stored[s.cursor].ID, id); c >= 0 {
+			if c := compareIDs(stored[s.cursor].ID, id); c >= 0 {
 				if c == 0 {
 					m = s.cursor
 				}

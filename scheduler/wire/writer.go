@@ -1,7 +1,6 @@
 package wire
 
 import (
-	"bytes"
 	"encoding/binary"
 	"errors"
 	"strconv"
@@ -379,7 +378,7 @@ func (s *segWork) pair() {
 		id := s.inInfo[j].ID
 		c := -1
 		for i < len(stored) {
-			if c = bytes.Compare(stored[i].ID, id); c >= 0 {
+			if c = compareIDs(stored[i].ID, id); c >= 0 {
 				break
 			}
 			i++
@@ -479,7 +478,7 @@ func (w *Writer) merge(k int, now, cutoff int64) {
 		if m >= 0 {
 			next = m
 		} else {
-			for next = i; next < len(old) && bytes.Compare(oldInfo[next].ID, s.inInfo[j].ID) < 0; next++ {
+			for next = i; next < len(old) && compareIDs(oldInfo[next].ID, s.inInfo[j].ID) < 0; next++ {
 			}
 		}
 		for ; i < next; i++ { // stored only
