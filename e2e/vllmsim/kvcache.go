@@ -467,38 +467,41 @@ func (p *blockPool) evict(b int32) {
 	}
 }
 
-// cache records that in-use block b holds full block i of the chain whose
-// block hashes are hashes (cache_full_blocks), appending it to the hash run
-// *run of its request, which it opens when there is none (the request's
-// first own block, after those it found cached) with room for maxBlocks.
-// b is a block the request computed, without a hash: the blocks it found
-// cached keep theirs, and the caller skips them without reading them.
-func (p *blockPool) cache(b int32, hashes []uint64, i int, run *int32, maxBlocks int) {
-	if !p.caching {
+// cacheBlocks records that in-use blocks hold full blocks from, from+1, ...
+// of the chain whose block hashes are hashes (cache_full_blocks),
+// appending them to the hash run *run of their request, which opens when
+// there is none (the request's first own block, after those it found
+// cached) with room for maxBlocks. The blocks are blocks the request
+// computed, without a hash: the blocks it found cached keep theirs, and
+// the caller skips them without reading them.
+func (p *blockPool) cacheBlocks(blocks []int32, hashes []uint64, from int, run *int32, maxBlocks int) {
+	if !p.caching || len(blocks) == 0 {
 		return
 	}
-	blk := &p.blocks[b]
-	if *run == noRun || int(p.hashRuns[*run].start)+len(p.hashRuns[*run].hashes) != i {
+	if *run == noRun || int(p.hashRuns[*run].start)+len(p.hashRuns[*run].hashes) != from {
 		p.closeHashRun(run)
-		*run = p.openHashRun(hashes, i, maxBlocks)
+		*run = p.openHashRun(hashes, from, maxBlocks)
 	}
 	r := &p.hashRuns[*run]
 	// The view grows over the request's list (only its length is
 	// written); a request's list has room for all its blocks, so it is
 	// never moved while the request caches.
 	n := len(r.hashes)
-	r.hashes = r.hashes[:n+1]
-	if r.hashes[n] != hashes[i] {
+	r.hashes = r.hashes[:n+len(blocks)]
+	if last := len(r.hashes) - 1; r.hashes[n] != hashes[from] || r.hashes[last] != hashes[from+len(blocks)-1] {
 		panic("vllmsim: a hash run's view is not of its request's hash list")
 	}
-	r.blocks = append(r.blocks, b)
-	r.live++
-	if p.cacheSeq == math.MaxUint32 {
-		p.renumberSeqs()
+	r.blocks = append(r.blocks, blocks...)
+	r.live += int32(len(blocks))
+	for k, b := range blocks {
+		if p.cacheSeq == math.MaxUint32 {
+			p.renumberSeqs()
+		}
+		p.cacheSeq++
+		blk := &p.blocks[b]
+		blk.seq, blk.run, blk.pos = p.cacheSeq, *run, int32(from+k)
 	}
-	p.cacheSeq++
-	blk.seq, blk.run, blk.pos = p.cacheSeq, *run, int32(i)
-	p.hashed++
+	p.hashed += len(blocks)
 }
 
 // renumberSeqs numbers the cached blocks 1, 2, ... in the order they were

@@ -674,7 +674,7 @@ func TestFreeQueueIsVLLMsQueue(t *testing.T) {
 				nextHash += 2
 				// Each its own chain, of a request that is gone.
 				run := noRun
-				p.cache(b, []uint64{nextHash}, 0, &run, 1)
+				p.cacheBlocks([]int32{b}, []uint64{nextHash}, 0, &run, 1)
 				p.closeHashRun(&run)
 			}
 			tables = append(tables, held{table, cur})

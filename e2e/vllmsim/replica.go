@@ -1035,9 +1035,8 @@ func (r *Replica) cacheFullBlocks(s *Request, tokens int) {
 	} else {
 		// The blocks it found cached at admission keep their hashes.
 		full = min(full, len(s.hashes))
-		maxBlocks := r.blocksFor(s.PromptTokens + s.OutputTokens)
-		for i := max(s.cachedBlocks, s.taggedBlocks); i < full; i++ {
-			r.pool.cache(s.table[i], s.hashes, i, &s.hashRun, maxBlocks-i)
+		if from := max(s.cachedBlocks, s.taggedBlocks); full > from {
+			r.pool.cacheBlocks(s.table[from:full], s.hashes, from, &s.hashRun, r.blocksFor(s.PromptTokens+s.OutputTokens)-from)
 		}
 	}
 	r.setCachedBlocks(s, max(s.cachedBlocks, full))
