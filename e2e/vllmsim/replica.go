@@ -891,11 +891,15 @@ func (r *Replica) startStep(now time.Duration) {
 
 	// Running requests first, in admission order.
 	for i := 0; i < len(r.running) && budget > 0; {
-		s := r.running[i]
-		if end := s.computed + 1; end == s.numTokens && s.Generated > 0 && end <= s.tableTokens && end < s.cacheAt {
-			// A decode step that needs no new block and fills none: what
-			// the general case below does for it, without its branches
-			// (most of a step's requests, every step).
+		// Decode steps that need no new block and fill none, most of a
+		// step's requests every step: what the general case below does
+		// for them, without its branches, in a loop over the list as it
+		// is (only the general case changes it).
+		for running := r.running; i < len(running) && budget > 0; i++ {
+			s := running[i]
+			if end := s.computed + 1; end != s.numTokens || s.Generated == 0 || end > s.tableTokens || end >= s.cacheAt {
+				break
+			}
 			s.sched = 1
 			budget--
 			decodeSeqs++
@@ -903,9 +907,11 @@ func (r *Replica) startStep(now time.Duration) {
 			if s.adapterID != 0 {
 				r.markBatchAdapter(int(s.adapterID))
 			}
-			i++
-			continue
 		}
+		if i == len(r.running) || budget == 0 {
+			break
+		}
+		s := r.running[i]
 		n := min(int(s.numTokens-s.computed), budget)
 		end := int(s.computed) + n
 		need := 0
