@@ -690,53 +690,65 @@ func (c *Cache) materialize(k int, full bool) {
 }
 
 // fillBlock writes block blk's endpoints (strings bs, received at recv)
-// into dst: values always, identities when ident, adapter lists when
-// adapters (rebuilding bs.adapters). Fields are read with unchecked loads
+// into dst: values always (rewriteValues), identities when ident, adapter
+// lists when adapters (setAdapters). Fields are read with unchecked loads
 // (load_le.go): walkSegment checked that every record lies inside its
 // block, checkRefs (or checkRecords) the adapter references.
 func fillBlock(dst []scheduler.Endpoint, blk Block, bs *blockStrings, recv int64, ident, adapters bool) {
-	strs := bs.strs
-	if adapters {
-		bs.adapters = bs.adapters[:0]
-	}
 	recs := unsafe.Pointer(&blk[blockHeaderBytes])
-	var refs unsafe.Pointer
-	if blk.nRefs() > 0 {
-		refs = unsafe.Pointer(&blk[blk.refsAt()])
-	}
-	for r := range dst {
-		q := unsafe.Add(recs, r*recordBytes)
-		ep := &dst[r]
-		if ident {
+	rewriteValues(dst, recs, recv)
+	if ident {
+		strs := bs.strs
+		for r := range dst {
+			q := unsafe.Add(recs, r*recordBytes)
+			ep := &dst[r]
 			ep.ID = scheduler.EndpointID{Namespace: strs[ld16(q, erNamespace)], Name: strs[ld16(q, erName)]}
 			ep.Address = strs[ld16(q, erAddress)]
 			ep.Port = int(ld16(q, erPort))
 		}
-		m := &ep.Metrics
-		m.WaitingQueueSize = int(ld32(q, erWaiting))
-		m.RunningQueueSize = int(ld32(q, erRunning))
-		m.KVCacheUsage = math.Float64frombits(ld64(q, erKV))
-		m.MaxActiveModels = int(ld32(q, erMaxAdapters))
-		setTime(&m.UpdateTime, time.Unix(0, clampTime(recv-int64(ld64(q, erAge)))))
-		m.RoutedSinceUpdate = 0
-		if !adapters {
-			continue
+	}
+	if adapters {
+		setAdapters(dst, blk, bs)
+	}
+}
+
+// setAdapters points dst's adapter lists at blk's: bs.adapters holds the
+// names of blk's refs, in order, and each endpoint's lists are slices of
+// it (refs[refs_first:], n_active then n_waiting). A name or list already
+// in place is not stored again: a pointer store costs the guest a write
+// barrier while its collector marks.
+func setAdapters(dst []scheduler.Endpoint, blk Block, bs *blockStrings) {
+	strs, n := bs.strs, blk.nRefs()
+	if cap(bs.adapters) < n {
+		bs.adapters = make([]string, n, n+n/4)
+	}
+	ads := bs.adapters[:n]
+	bs.adapters = ads
+	if n > 0 {
+		refs := unsafe.Pointer(&blk[blk.refsAt()])
+		for j := range ads {
+			if s := strs[ld16(refs, 2*j)]; unsafe.StringData(s) != unsafe.StringData(ads[j]) || len(s) != len(ads[j]) {
+				ads[j] = s
+			}
 		}
+	}
+	recs := unsafe.Pointer(&blk[blockHeaderBytes])
+	for r := range dst {
+		q := unsafe.Add(recs, r*recordBytes)
 		first, na, nw := int(ld16(q, erRefsFirst)), int(*(*uint8)(unsafe.Add(q, erNActive))), int(*(*uint8)(unsafe.Add(q, erNWaiting)))
-		m.ActiveModels, m.WaitingModels = nil, nil
-		if na+nw == 0 {
-			continue
-		}
-		start := len(bs.adapters)
-		for j := 0; j < na+nw; j++ {
-			bs.adapters = append(bs.adapters, strs[ld16(refs, 2*(first+j))])
-		}
-		if na > 0 {
-			m.ActiveModels = bs.adapters[start : start+na : start+na]
-		}
-		if nw > 0 {
-			m.WaitingModels = bs.adapters[start+na : start+na+nw : start+na+nw]
-		}
+		m := &dst[r].Metrics
+		setList(&m.ActiveModels, ads[first:first+na:first+na])
+		setList(&m.WaitingModels, ads[first+na:first+na+nw:first+na+nw])
+	}
+}
+
+// setList stores l in *dst (nil when empty) unless *dst is l already.
+func setList(dst *[]string, l []string) {
+	if len(l) == 0 {
+		l = nil
+	}
+	if unsafe.SliceData(*dst) != unsafe.SliceData(l) || len(*dst) != len(l) || cap(*dst) != cap(l) {
+		*dst = l
 	}
 }
 
