@@ -185,7 +185,8 @@ func endpointsBase(snap *Snapshot) uintptr {
 // came again within fewer than churnBuildLooks decisions waits for that
 // many looks instead (a router re-reading relays that rewrite most
 // endpoints, with a few requests between two relays, would otherwise pay
-// a scan and a rebuild per relay instead of a few scans). Changes that
+// a scan and a rebuild per relay instead of a few scans). Churn followed
+// by only a few changes counts as the same metrics (settled). Changes that
 // come faster than decisions are therefore scanned as they were without
 // an index, and an index is only paid for when decisions will use it.
 //
@@ -223,14 +224,14 @@ func (x *snapIndex) sync(snap *Snapshot, c *Cycle, flatOK bool) bool {
 		if churn {
 			w.gen = l.gen
 		}
-		if w != x.wait && !x.eager {
+		if w != x.wait && !x.eager && !x.settled(w) {
 			if churn {
 				x.churnRun = x.looks - 1
 			}
 			x.wait, x.looks = w, 1
 			return churn && flatOK && x.flatRead(snap, oldest)
 		}
-		if churn && !x.eager && x.churnRun < churnBuildLooks && x.looks < churnBuildLooks {
+		if churn && !x.eager && w == x.wait && x.churnRun < churnBuildLooks && x.looks < churnBuildLooks {
 			// churn faster than decisions: a rebuild would not pay
 			return flatOK && x.flatRead(snap, oldest)
 		}
@@ -240,6 +241,23 @@ func (x *snapIndex) sync(snap *Snapshot, c *Cycle, flatOK bool) bool {
 		x.reevaluate(snap, oldest)
 	}
 	return x.nBad == 0
+}
+
+// settled reports whether churn state w is the metric churn the index
+// waits on (x.wait) followed by no more changes than are worth applying
+// one by one: the churn stopped, and what came since is what the index,
+// once built, follows change by change (heartbeats after a full relay).
+// It counts as the second look at one state: without it, an index behind
+// by churn stays behind for as long as each decision finds a few new
+// changes (a relay of heartbeats per decision), as the pending changes
+// are counted from the index's own generation, which only a build
+// advances.
+func (x *snapIndex) settled(w waiting) bool {
+	v := x.wait
+	if !w.churn || !v.churn || w.id != v.id || w.n != v.n || w.base != v.base || w.gen < v.gen {
+		return false
+	}
+	return w.gen-v.gen <= uint64(max(minChangeRing, x.n/4))
 }
 
 // churned reports whether more metric changes are pending in l than are
