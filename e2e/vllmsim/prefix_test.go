@@ -964,6 +964,182 @@ func TestAbortedTurnKeepsItsCachedHashes(t *testing.T) {
 	assert.Equal(t, 64, r.CachedPrefixTokens(promptRequest(concat(next.Prompt, tokens(50, 5)), 1)), "the next turn's")
 }
 
+// TestPromptHashesServeAsWithout: a multi-turn chat load served with a
+// PromptHashes per conversation is served exactly as without. Three
+// replicas, two block sizes, under KV pressure (preemptions); each turn
+// resends its conversation's history and the last response; the oracle's
+// CachedPrefixTokens probes come before most submits (and some probed
+// turns are never submitted); some turns are hedged on a second replica,
+// the loser aborted when the winner completes; some are cancelled while
+// they run, aborted before or after the next turn is sent, which drops
+// the cancelled response. So turns borrow and hand on their
+// conversation's hash arrays, other turns and probes of other block sizes
+// write to the same PromptHashes, and the block runs view the arrays: a
+// write over a hash that a request or a run still reads shows in a
+// lookup. The outcomes, the probes' answers and
+// the replicas' metrics must be those of requests that hash their own
+// prompts.
+func TestPromptHashesServeAsWithout(t *testing.T) {
+	type outcome struct {
+		first, completed               time.Duration
+		cached, preemptions, generated int
+	}
+	inFlight := func(q *Request) bool { return q != nil && (q.state == stateWaiting || q.state == stateRunning) }
+	serve := func(withHashes bool) (outcomes []outcome, probes []int, metrics []Metrics, shared int) {
+		fleet := make([]*Replica, 3)
+		for i := range fleet {
+			cfg := DefaultReplicaConfig(Llama2_7B)
+			cfg.BlockSize = []int{16, 32, 16}[i]
+			cfg.KVCapacityTokens = 16 * 300
+			cfg.MaxModelLen = cfg.KVCapacityTokens
+			cfg.MaxNumBatchedTokens = 512
+			cfg.MaxLoRAs = 2
+			r, err := NewReplica(cfg)
+			require.NoError(t, err)
+			fleet[i] = r
+		}
+		rng := rand.New(rand.NewPCG(11, 12))
+		systems := [][]uint32{tokens(1<<30, 160), tokens(2<<30, 250), tokens(3<<30, 90)}
+		type conversation struct {
+			history []uint32
+			hashes  PromptHashes
+			turns   int
+			adapter string
+			// turn is the last turn submitted, hedge its copy on another
+			// replica; nil once its response is in the history.
+			turn, hedge *Request
+		}
+		convs := make([]conversation, 24)
+		var reqs []*Request
+		var on []*Replica // of each request
+		var now time.Duration
+		abort := func(qs ...*Request) {
+			for _, q := range qs {
+				if q != nil {
+					_, err := on[q.ID].Abort(q, now)
+					require.NoError(t, err)
+				}
+			}
+		}
+		for i := range 3000 {
+			now += time.Duration(rng.ExpFloat64() * float64(10*time.Millisecond))
+			for _, r := range fleet {
+				for _, done := range r.Advance(now) {
+					// A hedged turn's winner: the loser is aborted.
+					for k := range convs {
+						c := &convs[k]
+						if c.hedge == nil || (done != c.turn && done != c.hedge) {
+							continue
+						}
+						if done == c.turn {
+							abort(c.hedge)
+						} else {
+							abort(c.turn)
+						}
+					}
+				}
+			}
+			c := &convs[rng.IntN(len(convs))]
+			var cancelled []*Request
+			if inFlight(c.turn) || inFlight(c.hedge) {
+				if rng.IntN(20) != 0 {
+					continue // the user waits for the response
+				}
+				// The user cancels: the next turn goes without the
+				// response, and the cancelled one is aborted before it is
+				// sent or, while it still runs, after.
+				cancelled = []*Request{c.turn, c.hedge}
+				c.turn, c.hedge = nil, nil
+				if rng.IntN(2) == 0 {
+					abort(cancelled...)
+					cancelled = nil
+				}
+			}
+			if c.turn != nil {
+				// The response, as the winner generated it.
+				for k := range c.turn.OutputTokens {
+					c.history = append(c.history, OutputToken(c.turn.OutputSeed, k))
+				}
+				c.turn, c.hedge = nil, nil
+			}
+			message := tokens(uint32(i)<<12, 10+rng.IntN(150))
+			output := 1 + rng.IntN(150)
+			if c.turns == 0 || c.turns == 8 || len(c.history)+len(message)+output > fleet[0].cfg.MaxModelLen {
+				// A new conversation, in the old one's buffers.
+				abort(cancelled...)
+				cancelled = nil
+				c.history = append(c.history[:0], systems[rng.IntN(len(systems))]...)
+				c.hashes, c.turns = PromptHashes{}, 0
+				c.adapter = []string{"", "", "a", "b"}[rng.IntN(4)]
+			}
+			c.history = append(c.history, message...)
+			c.turns++
+			q := &Request{ID: uint64(len(reqs)), PromptTokens: len(c.history), Prompt: c.history, OutputTokens: output, OutputSeed: uint64(i), Adapter: c.adapter}
+			if withHashes {
+				q.Hashes = &c.hashes
+			}
+			best, bestScore := rng.IntN(len(fleet)), -1<<62
+			if rng.IntN(4) != 0 {
+				for j, r := range fleet {
+					hit := r.CachedPrefixTokens(q)
+					probes = append(probes, hit)
+					l := r.Load()
+					if score := hit - l.PendingPrefillTokens - 50*l.Waiting; score > bestScore {
+						best, bestScore = j, score
+					}
+				}
+				if rng.IntN(10) == 0 {
+					abort(cancelled...)
+					continue // shed: the next turn's prompt extends this one
+				}
+			}
+			require.NoError(t, fleet[best].Submit(q, now))
+			abort(cancelled...)
+			if q.lender != nil {
+				shared++
+			}
+			reqs, on = append(reqs, q), append(on, fleet[best])
+			c.turn = q
+			if rng.IntN(6) == 0 {
+				h := &Request{ID: uint64(len(reqs)), PromptTokens: q.PromptTokens, Prompt: q.Prompt, OutputTokens: q.OutputTokens, OutputSeed: q.OutputSeed, Adapter: q.Adapter, Hashes: q.Hashes}
+				other := fleet[(best+1+rng.IntN(len(fleet)-1))%len(fleet)]
+				require.NoError(t, other.Submit(h, now))
+				reqs, on = append(reqs, h), append(on, other)
+				c.hedge = h
+			}
+		}
+		for _, r := range fleet {
+			drain(t, r)
+			if withHashes {
+				checkPool(t, r)
+			}
+			metrics = append(metrics, r.Metrics())
+		}
+		for _, q := range reqs {
+			outcomes = append(outcomes, outcome{q.FirstTokenAt, q.CompletedAt, q.CachedTokens, q.Preemptions, q.Generated})
+		}
+		return outcomes, probes, metrics, shared
+	}
+	with, probesWith, mWith, shared := serve(true)
+	without, probesWithout, mWithout, _ := serve(false)
+	var preemptions, aborted, hits int64
+	for _, m := range mWith {
+		preemptions += m.Preemptions
+		aborted += m.Aborted
+		hits += m.PrefixHits
+	}
+	require.Positive(t, preemptions, "the run must preempt")
+	require.Positive(t, aborted, "and abort")
+	require.Positive(t, hits, "and hit")
+	require.Greater(t, shared, len(with)/2, "most turns borrow their conversation's array")
+	require.Equal(t, mWithout, mWith)
+	require.Equal(t, probesWithout, probesWith)
+	require.Equal(t, len(without), len(with))
+	for i := range with {
+		require.Equal(t, without[i], with[i], "request %d", i)
+	}
+}
+
 // TestDuplicateBlocksFindTheFirstCached: a prompt of whole blocks
 // computes its last block even when it is cached (the last token is always
 // computed), so requests with the same such prompt cache that block again
