@@ -147,9 +147,9 @@ type hashRun struct {
 	// hashes are those of the blocks start, start+1, ...: a view of its
 	// request's hash list, not a copy (copying them was a tenth of (e)'s
 	// cache misses; BENCHMARKS.md, "Replica-model speed work, fifth
-	// round"). A request's hash list is never written below its length
-	// and never reused (Replica.prepareHashes), so the view stays true
-	// after the request is gone.
+	// round"). The view stays true after the request is gone by the rule
+	// on PromptHashes: nothing writes a hash array below the length its
+	// borrowers reached.
 	hashes []uint64
 	blocks []int32 // their records, noBlock once evicted
 	start  int32
@@ -806,7 +806,8 @@ func (h *hashIndex) remove(i uint32, runs []hashRun) {
 // slicePool keeps the block tables of finished requests and runs for the
 // next ones, by power-of-two capacity (a replica serves thousands of
 // requests a minute; without it every request allocates one). Hash lists
-// are not reused: the runs keep views of them (hashRun).
+// are not pooled: the runs keep views of them (hashRun), and only the rule
+// on PromptHashes says who may append to an array.
 type slicePool struct {
 	freeTables [32][][]int32
 }

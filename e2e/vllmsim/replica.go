@@ -288,13 +288,24 @@ type Request struct {
 // hashes are of those tokens. It holds the hashes of one block size and
 // adapter at a time, the latest asked for. The zero value is empty.
 //
-// A request takes its hashes in the array of the PromptHashes instead of
-// copying them, and appends the hashes of its prompt's new blocks and of
-// its generated blocks there, which are what the PromptHashes learns next:
-// copying a conversation's hashes into every turn's request was about a
-// tenth of (e)'s cache misses (BENCHMARKS.md, "Replica-model speed work,
-// fifth round"). While a request holds the array (lentTo), any other
-// writer first takes a copy of its own (own).
+// A request borrows the array of the PromptHashes for its hashes instead
+// of copying them (Request.lender, lentTo), and appends the hashes of its
+// prompt's new blocks and of its generated blocks there, which are what
+// the PromptHashes learns next; the conversation's next turn borrows the
+// same array and appends past them. Copying a conversation's hashes into
+// every turn's request was about a tenth of (e)'s cache misses
+// (BENCHMARKS.md, "Replica-model speed work, fifth round").
+//
+// The block runs view these arrays (hashRun.hashes), and a request keeps
+// reading its own, so one rule keeps every view true: a hash array is only
+// appended to; the request currently borrowing it (lentTo) appends past
+// its own length, and anyone else writes to it only above the longest
+// length any borrower reached; a writer that cannot keep to that copies
+// first. So the PromptHashes takes a copy of its own before writing while
+// a request borrows its array (own); it moves to a copy when a borrower
+// lets go having hashed blocks it never learned, an aborted turn
+// (unshareHashes); and a prompt shorter than what it knows gets an array
+// of its own (Replica.prepareHashes).
 type PromptHashes struct {
 	blockSize int
 	key       uint64
