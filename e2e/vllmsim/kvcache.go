@@ -485,10 +485,11 @@ func (p *blockPool) cacheBlocks(blocks []int32, hashes []uint64, from int, run *
 	r := &p.hashRuns[*run]
 	// The view grows over the request's list (only its length is
 	// written); a request's list has room for all its blocks, so it is
-	// never moved while the request caches.
+	// never moved while the request caches. The check is of memory, not
+	// values: the view's new hashes are the list's own.
 	n := len(r.hashes)
 	r.hashes = r.hashes[:n+len(blocks)]
-	if last := len(r.hashes) - 1; r.hashes[n] != hashes[from] || r.hashes[last] != hashes[from+len(blocks)-1] {
+	if from+len(blocks) > len(hashes) || &r.hashes[n] != &hashes[from] {
 		panic("vllmsim: a hash run's view is not of its request's hash list")
 	}
 	r.blocks = append(r.blocks, blocks...)

@@ -1198,3 +1198,21 @@ func TestHashOutputBlockIsHashBlockOfTheTokens(t *testing.T) {
 		}
 	}
 }
+
+// TestHashRunViewIsTheRequestsList: a run grows as a view of the hash list
+// its request caches from. Caching from a list with the same hashes in
+// other memory is a bug (the view would miss what the request's list
+// holds next), and is caught even though the values agree.
+func TestHashRunViewIsTheRequestsList(t *testing.T) {
+	p := newBlockPool(8, true)
+	var cur recordCursor
+	table := p.allocate(4, nil, &cur)
+	hashes := []uint64{10, 12, 14, 16}
+	run := noRun
+	p.cacheBlocks(table[:2], hashes, 0, &run, 4)
+	require.Same(t, &hashes[0], &p.hashRuns[run].hashes[0], "the run views the list")
+	copied := append([]uint64(nil), hashes...)
+	require.PanicsWithValue(t, "vllmsim: a hash run's view is not of its request's hash list", func() {
+		p.cacheBlocks(table[2:], copied, 2, &run, 4)
+	})
+}
