@@ -309,15 +309,12 @@ func (p *blockPool) pushBack(e int32) {
 	p.fifoTail++
 }
 
-// popFront takes the head of the free queue, which the caller has checked
-// is not empty: a record id (of a block with a hash, still cached), or
-// noBlock for an anonymous block.
+// popFront takes the head of the FIFO part of the free queue, which the
+// caller has checked is not empty, after taking the anonymous blocks that
+// come before it (allocate): a record id (of a block with a hash, still
+// cached), or noBlock for the last block of a run, evicted.
 func (p *blockPool) popFront() int32 {
 	p.free--
-	if p.anonymous > 0 {
-		p.anonymous--
-		return noBlock
-	}
 	for {
 		e := p.fifo[p.fifoHead&p.fifoMask]
 		if e >= 0 {
@@ -415,8 +412,8 @@ func (p *blockPool) allocate(n int, dst []int32, cur *recordCursor) []int32 {
 	start := len(dst)
 	dst = slices.Grow(dst, n)[:start+n]
 	taken := dst[start:]
-	// The anonymous blocks at the head go first (popFront's first case),
-	// then the FIFO's.
+	// The anonymous blocks at the head go first, as a count, then the
+	// FIFO's.
 	anonymous := min(n, p.anonymous)
 	p.anonymous -= anonymous
 	p.free -= anonymous
