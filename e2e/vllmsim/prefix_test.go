@@ -1147,13 +1147,18 @@ func TestPromptHashesServeAsWithout(t *testing.T) {
 // (BlockHashToBlockMap keeps insertion order), and the copies go as they
 // are evicted.
 func TestDuplicateBlocksFindTheFirstCached(t *testing.T) {
-	t.Run("fresh", func(t *testing.T) { duplicateBlocksFindTheFirstCached(t, 0) })
+	t.Run("fresh", func(t *testing.T) { duplicateBlocksFindTheFirstCached(t, 0, 4) })
 	// The cache order's counter wraps after the first request: the
 	// cached blocks are numbered again, in the same order.
-	t.Run("wrapping", func(t *testing.T) { duplicateBlocksFindTheFirstCached(t, math.MaxUint32-4) })
+	t.Run("wrapping", func(t *testing.T) { duplicateBlocksFindTheFirstCached(t, math.MaxUint32-4, math.MaxUint32) })
+	// It wraps while the first request caches its four blocks in one
+	// call: the two it cached already are numbered again with the rest.
+	t.Run("wrapping-in-a-call", func(t *testing.T) { duplicateBlocksFindTheFirstCached(t, math.MaxUint32-2, 4) })
 }
 
-func duplicateBlocksFindTheFirstCached(t *testing.T, seq uint32) {
+// duplicateBlocksFindTheFirstCached starts the cache order's counter at
+// seq; the first request leaves it at afterFirst.
+func duplicateBlocksFindTheFirstCached(t *testing.T, seq, afterFirst uint32) {
 	r := newTestReplica(t, func(c *ReplicaConfig) { c.KVCapacityTokens = 16 * 12; c.MaxModelLen = 16 * 12 })
 	r.pool.cacheSeq = seq
 	prompt := tokens(7, 64) // 4 full blocks
@@ -1167,6 +1172,9 @@ func duplicateBlocksFindTheFirstCached(t *testing.T, seq uint32) {
 		lastBlocks = append(lastBlocks, q.table[3])
 		drain(t, r)
 		checkPool(t, r)
+		if i == 0 {
+			require.Equal(t, afterFirst, r.pool.cacheSeq)
+		}
 	}
 	require.Len(t, r.pool.hashRuns, 3, "one run from block 0, two from block 3 under one hash")
 	longer := promptRequest(concat(prompt, tokens(900, 20)), 1)
@@ -1185,6 +1193,28 @@ func duplicateBlocksFindTheFirstCached(t *testing.T, seq uint32) {
 		checkLookup(t, &r.pool, chain)
 	}
 	require.Zero(t, r.CachedPrefixTokens(promptRequest(prompt, 1)), "all evicted")
+}
+
+// TestRenumberSeqsKeepsTheCacheOrder: numbering the cached blocks again
+// keeps their order of caching, whatever their order among the records,
+// and leaves the records without a hash alone.
+func TestRenumberSeqsKeepsTheCacheOrder(t *testing.T) {
+	p := blockPool{cacheSeq: math.MaxUint32, blocks: []kvBlock{
+		{seq: 90, run: 0},
+		{seq: 7, run: noRun},
+		{seq: math.MaxUint32, run: 1},
+		{seq: 12, run: 0},
+		{seq: 4000, run: 2},
+		{seq: 0, run: noRun},
+		{seq: 13, run: 1},
+	}}
+	p.renumberSeqs()
+	var seqs []uint32
+	for _, b := range p.blocks {
+		seqs = append(seqs, b.seq)
+	}
+	assert.Equal(t, []uint32{3, 7, 5, 1, 4, 0, 2}, seqs)
+	assert.Equal(t, uint32(5), p.cacheSeq, "the next block cached comes after them")
 }
 
 func TestHashOutputBlockIsHashBlockOfTheTokens(t *testing.T) {
