@@ -292,9 +292,11 @@ type Request struct {
 // of copying them (Request.lender, lentTo), and appends the hashes of its
 // prompt's new blocks and of its generated blocks there, which are what
 // the PromptHashes learns next; the conversation's next turn borrows the
-// same array and appends past them. Copying a conversation's hashes into
-// every turn's request was about a tenth of (e)'s cache misses
-// (BENCHMARKS.md, "Replica-model speed work, fifth round").
+// same array and appends past them. Sharing instead of copying a
+// conversation's hashes into every turn's request and back, with the
+// fleet's reuse of histories, took (e) from 42.2 M to 36.0 M misses of a
+// 1 MiB L2, the histories 3 M of them (BENCHMARKS.md, "Replica-model
+// speed work, fifth round").
 //
 // The block runs view these arrays (hashRun.hashes), and a request keeps
 // reading its own, so one rule keeps every view true: a hash array is only
