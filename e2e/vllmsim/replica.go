@@ -913,13 +913,10 @@ func (r *Replica) startStep(now time.Duration) {
 			if end := s.computed + 1; end != s.numTokens || s.Generated == 0 || end > s.tableTokens || end >= s.cacheAt {
 				break
 			}
-			s.sched = 1
+			r.batch(s, 1)
 			budget--
 			decodeSeqs++
 			sumContext += int(s.numTokens)
-			if s.adapterID != 0 {
-				r.markBatchAdapter(int(s.adapterID))
-			}
 		}
 		if i == len(r.running) || budget == 0 {
 			break
@@ -951,16 +948,13 @@ func (r *Replica) startStep(now time.Duration) {
 		if end >= int(s.cacheAt) {
 			r.cacheFullBlocks(s, end)
 		}
-		s.sched = int32(n)
+		r.batch(s, n)
 		budget -= n
 		if s.Generated > 0 && n == 1 && end == int(s.numTokens) {
 			decodeSeqs++
 			sumContext += int(s.numTokens)
 		} else {
 			prefill += n
-		}
-		if s.adapterID != 0 {
-			r.markBatchAdapter(int(s.adapterID))
 		}
 		i++
 	}
@@ -1014,10 +1008,9 @@ func (r *Replica) startStep(now time.Duration) {
 				s.scheduled, s.CachedTokens = true, computed
 			}
 			r.cacheFullBlocks(s, computed+n)
-			s.sched = int32(n)
+			r.batch(s, n)
 			budget -= n
 			prefill += n
-			r.markBatchAdapter(id)
 		}
 	}
 
@@ -1088,6 +1081,16 @@ func (r *Replica) setTable(s *Request, table []int32) {
 
 // noTokens is a token count no request reaches.
 const noTokens = math.MaxInt32
+
+// batch puts n tokens of s into the step being scheduled: its share of
+// the step and its adapter's place in the batch (the step's token counts
+// are the caller's).
+func (r *Replica) batch(s *Request, n int) {
+	s.sched = int32(n)
+	if s.adapterID != 0 {
+		r.markBatchAdapter(int(s.adapterID))
+	}
+}
 
 // markBatchAdapter records that the batch being assembled uses adapter id.
 func (r *Replica) markBatchAdapter(id int) {
