@@ -268,6 +268,9 @@ type freshAt struct {
 	oldest time.Time
 	sec    int64  // oldest's wall clock: seconds since year 1
 	nsec   uint64 // and nanoseconds
+	// sec − 2³² and sec + 2³², saturated at the int64 limits: freshWall
+	// clamps a time's seconds between them before subtracting sec.
+	lo, hi int64
 }
 
 // timeWords is time.Time's layout: wall holds the nanoseconds (and, with
@@ -284,8 +287,20 @@ const hasMonotonic = 1 << 63
 func newFreshAt(oldest time.Time) freshAt {
 	w := oldest.Round(0) // the wall clock alone
 	tw := (*timeWords)(unsafe.Pointer(&w))
-	return freshAt{oldest: oldest, sec: tw.ext, nsec: tw.wall}
+	fa := freshAt{oldest: oldest, sec: tw.ext, nsec: tw.wall, lo: math.MinInt64, hi: math.MaxInt64}
+	if tw.ext >= math.MinInt64+secondsClamp {
+		fa.lo = tw.ext - secondsClamp
+	}
+	if tw.ext <= math.MaxInt64-secondsClamp {
+		fa.hi = tw.ext + secondsClamp
+	}
+	return fa
 }
+
+// secondsClamp bounds the seconds' difference freshWall works with: any
+// bound of a second or more keeps its sign, and this one keeps the
+// difference in freshWall's nanoseconds (2³⁰ a second) within ±2⁶².
+const secondsClamp = 1 << 32
 
 // monotonic reports whether t carries a monotonic reading.
 func monotonic(t *time.Time) bool { return (*timeWords)(unsafe.Pointer(t)).wall&hasMonotonic != 0 }
@@ -295,10 +310,13 @@ func monotonic(t *time.Time) bool { return (*timeWords)(unsafe.Pointer(t)).wall&
 // monotonic case would not be inlined; callers test monotonic first.)
 func (fa *freshAt) freshWall(t *time.Time) int {
 	tw := (*timeWords)(unsafe.Pointer(t))
-	// The sign of (t − oldest) in nanoseconds, the seconds' difference
-	// clamped so that it cannot overflow (beyond ±2³² s the nanoseconds
-	// do not change the sign).
-	d := max(min(tw.ext-fa.sec, 1<<32), -1<<32)
+	// The sign of (t − oldest), a second counting 2³⁰ ns (more than the
+	// nanoseconds' range, so the seconds decide unless equal). t's
+	// seconds are clamped to oldest's ± 2³² before the subtraction, which
+	// then cannot overflow; a t that is clamped lies more than 2³² s from
+	// oldest (a bound saturated at an int64 limit clamps nothing), so the
+	// difference keeps its sign.
+	d := min(max(tw.ext, fa.lo), fa.hi) - fa.sec
 	return int(uint64(d<<30+int64(tw.wall)-int64(fa.nsec))>>63) ^ 1
 }
 

@@ -609,31 +609,57 @@ func kneeRelay(r *rand.Rand, shape fleetShape, stamp func(*Metrics), snaps []*Sn
 // TestFreshAtIsNotBefore: the flat reads' freshness test is
 // !t.Before(oldest) for times with and without monotonic readings on
 // either side, around oldest to the nanosecond and second, far from it
-// (the zero Time, years away) and across the seconds' clamp.
+// (the zero Time, years away), at and across the seconds' clamp (2³² s
+// from oldest, where the clamp's bounds saturate near the int64 limits),
+// and at the extremes time.Unix gives (seconds that wrap or come near
+// the limits of Time's seconds since year 1).
 func TestFreshAtIsNotBefore(t *testing.T) {
+	const unixToInternal = 62_135_596_800 // Time's seconds at the Unix epoch (they count from year 1)
+	extremes := []time.Time{
+		time.Unix(math.MaxInt64, 0), time.Unix(math.MinInt64, 0), time.Unix(1<<62, 0), time.Unix(-1<<62, 0),
+		time.Unix(math.MaxInt64-unixToInternal, 999_999_999),      // the largest seconds
+		time.Unix(math.MaxInt64-unixToInternal+1, 0),              // wraps to the smallest
+		time.Unix(math.MaxInt64-unixToInternal-1<<32, 0),          // the clamp's upper bound saturates from here
+		time.Unix(math.MaxInt64-unixToInternal+1+1<<32, 0),        // and the lower one up to here
+		time.Unix(math.MinInt64, 0).Add(-1 << 63),                 // saturated by Add
+		time.Unix(math.MaxInt64-unixToInternal, 0).Add(1<<63 - 1), // saturated by Add
+	}
 	r := newRand(3)
 	now := time.Now()
-	bases := []time.Time{now, now.Round(0), time.Unix(10_000, 0), time.Unix(0, 0), time.Unix(-5, 999_999_999), {}}
+	bases := append([]time.Time{now, now.Round(0), time.Unix(10_000, 0), time.Unix(0, 0), time.Unix(-5, 999_999_999), {}}, extremes...)
+	const clampEdge = 1 << 32 * time.Second
 	offsets := []time.Duration{0, 1, -1, time.Second, -time.Second, time.Second - 1, 1 - time.Second, 999_999_999, -999_999_999,
-		2 * time.Second, time.Hour, -time.Hour, 1<<62 - 1, -1 << 62, 1 << 32 * time.Second}
+		2 * time.Second, time.Hour, -time.Hour, 1<<62 - 1, -1 << 62,
+		clampEdge, -clampEdge, clampEdge + 1, clampEdge - 1, -clampEdge + 1, -clampEdge - 1, clampEdge + time.Second, -clampEdge - time.Second}
+	fixed := len(offsets)
 	for range 2000 {
 		offsets = append(offsets, time.Duration(r.Int64N(1<<40)-1<<39), time.Duration(r.Int64N(4e9)-2e9))
 	}
 	checked, mono := 0, 0
 	for _, base := range bases {
-		for _, od := range offsets[:20] {
+		for _, od := range offsets[:fixed] {
 			oldest := base.Add(od)
 			fa := newFreshAt(oldest)
+			check := func(tm time.Time) {
+				got := fa.freshWall(&tm)
+				if monotonic(&tm) {
+					got = fa.freshMono(&tm)
+					mono++
+				}
+				if want := one(!tm.Before(oldest)); got != want {
+					t.Fatalf("t %v (%#v), oldest %v (%#v): fresh %d, want %d", tm, tm, oldest, oldest, got, want)
+				}
+				checked++
+			}
 			for _, d := range offsets {
 				for _, tm := range []time.Time{oldest.Add(d), oldest.Add(d).Round(0), time.Time{}, time.Unix(oldest.Unix()+int64(d)/1e9, int64(d%1e9))} {
-					got := fa.freshWall(&tm)
-					if monotonic(&tm) {
-						got = fa.freshMono(&tm)
-						mono++
-					}
-					require.Equal(t, one(!tm.Before(oldest)), got, "t %v (%#v), oldest %v", tm, tm, oldest)
-					checked++
+					check(tm)
 				}
+			}
+			for _, tm := range extremes {
+				check(tm)
+				check(tm.Add(1))
+				check(tm.Add(-1))
 			}
 		}
 	}
