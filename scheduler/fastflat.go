@@ -232,7 +232,7 @@ func (x *snapIndex) flatRead(snap *Snapshot, oldest time.Time) bool {
 	stale := 0
 	if x.staleAfter > 0 {
 		fa := newFreshAt(oldest)
-		_, stale = freshFlags(eps, &fa, flags)
+		stale = freshFlags(eps, &fa, flags)
 	} else {
 		for i := range flags {
 			flags[i] = flagFresh
@@ -325,17 +325,17 @@ func (fa *freshAt) freshWall(t *time.Time) int {
 //go:noinline
 func (fa *freshAt) freshMono(t *time.Time) int { return one(!t.Before(fa.oldest)) }
 
-// freshFlags writes into dst (grown to len(eps)) whether each endpoint of
-// eps is fresh at fa (1) or not (0), and returns it with the count of
-// those that are not. Update times with a monotonic reading, which the
-// plugin's never have, are compared by Before in a second loop, only when
-// there are some: the first has no call, so in the guest it keeps its
-// values out of memory.
-func freshFlags(eps []Endpoint, fa *freshAt, dst []uint8) ([]uint8, int) {
-	if cap(dst) < len(eps) {
-		dst = make([]uint8, len(eps))
+// freshFlags writes into dst, one flag per endpoint of eps (callers size
+// it: len(dst) == len(eps)), whether each is fresh at fa (1) or not (0),
+// and returns the count of those that are not. Update times with a
+// monotonic reading, which the plugin's never have, are compared by
+// Before in a second loop, only when there are some: the first has no
+// call, so in the guest it keeps its values out of memory.
+func freshFlags(eps []Endpoint, fa *freshAt, dst []uint8) int {
+	if len(dst) != len(eps) {
+		panic("scheduler: freshFlags needs one flag per endpoint") // a caller's bug
 	}
-	dst = dst[:len(eps)]
+	dst = dst[:len(eps)] // (so the compiler drops the bounds checks)
 	var mono uint64
 	fresh := 0
 	for i := range eps {
@@ -354,7 +354,7 @@ func freshFlags(eps []Endpoint, fa *freshAt, dst []uint8) ([]uint8, int) {
 			fresh += int(dst[i])
 		}
 	}
-	return dst, len(eps) - fresh
+	return len(eps) - fresh
 }
 
 // flatLoRA is LoRAAffinityFilter on the values: the affinity group holds

@@ -122,10 +122,14 @@ func (fp *fusedPrefix) schedule(s *Scheduler, c *Cycle, snap *Snapshot) (Result,
 	// has none (the matches' search and its appends come after it). cands
 	// has room for every endpoint, so each is written in place.
 	eps := snap.Endpoints
-	fresh, stale := fp.fresh, 0
+	var fresh []uint8
+	stale := 0
 	if staleness {
-		fresh, stale = freshFlags(eps, &fa, fresh)
-		fp.fresh = fresh
+		if cap(fp.fresh) < len(eps) {
+			fp.fresh = make([]uint8, len(eps))
+		}
+		fresh = fp.fresh[:len(eps)]
+		stale = freshFlags(eps, &fa, fresh)
 	}
 	if cap(fp.cands) < len(eps) {
 		fp.cands = make([]fusedCand, len(eps))
