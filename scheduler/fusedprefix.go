@@ -160,16 +160,18 @@ func (fp *fusedPrefix) schedule(s *Scheduler, c *Cycle, snap *Snapshot) (Result,
 		k++
 	}
 	cands = cands[:k]
-	for c := range cands[:k*one(matches > 0)] {
-		e := &cands[c]
-		for j := range matches { // Match.Blocks: the key's first listing
-			if key, blocks := t.match.At(j); key == t.keys[e.pos] {
-				if blocks > 0 {
-					e.matched = blocks
-					seen = max(seen, blocks)
-					holders = append(holders, int32(c))
+	if matches > 0 {
+		for ci := range cands {
+			e := &cands[ci]
+			for j := range matches { // Match.Blocks: the key's first listing
+				if key, blocks := t.match.At(j); key == t.keys[e.pos] {
+					if blocks > 0 {
+						e.matched = blocks
+						seen = max(seen, blocks)
+						holders = append(holders, int32(ci))
+					}
+					break
 				}
-				break
 			}
 		}
 	}
