@@ -172,7 +172,8 @@ func TestPrefixAwareUnderChurnEqualsScanned(t *testing.T) {
 			t.Run(fmt.Sprintf("config=%d/shape=%d", ci, shape), func(t *testing.T) {
 				r := newRand(uint64(1000*ci) + uint64(shape) + 555)
 				n := 130 + r.IntN(500)
-				last := 0 // 1: the last decision was fused, 2: indexed
+				last := 0    // 1: the last decision was fused, 2: indexed
+				counted := 0 // the fused path's decisions counted so far
 				_, d := runPrefixTwins(t, r, cfg, n, shape, twinSetting{relays: true, monotonic: shape%2 == 1}, func(k int, o Options) *Scheduler {
 					o.IndexMinEndpoints = []int{1, -1}[k]
 					s := newScheduler(t, cfg, o)
@@ -186,8 +187,8 @@ func TestPrefixAwareUnderChurnEqualsScanned(t *testing.T) {
 				}, func(tw *prefixTwin, res Result) bool {
 					kind := 0
 					switch fp := tw.s.profiles[0].fused; {
-					case fp.decisions > fp.counted:
-						fp.counted = fp.decisions
+					case fp.decisions > counted:
+						counted = fp.decisions
 						fused++
 						kind = 1
 					case tw.s.index.decisions > tw.before:

@@ -64,9 +64,7 @@ type fusedPrefix struct {
 	ids     []uint32
 	loads   []int
 
-	// decisions counts the decisions made here (tests); counted is the
-	// tests' own mark.
-	decisions, counted int
+	decisions int // the decisions made here (tests)
 }
 
 // newFusedPrefix returns p's fused path, or nil when p is not of its
