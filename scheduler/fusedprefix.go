@@ -356,9 +356,9 @@ func (fp *fusedPrefix) pick(c *Cycle, t *PrefixTracker, cands []fusedCand, sel [
 			}
 		case scorePrefix:
 			if t == nil {
-				for k := range sel {
-					scores[k] += weighted(wt, 0)
-				}
+				// The scorer gives 0: weighted(wt, 0) is +0 for the finite
+				// positive weights every profile has (config.go), and adding
+				// +0 leaves a score as it is (none is -0: they start at +0).
 				continue
 			}
 			blocks := float64(len(t.blocks))
