@@ -535,9 +535,11 @@ func (c *Cache) checkInPlace(sv *segView, b []byte) (resized, ok bool) {
 		p, q := unsafe.Add(nb, off), unsafe.Pointer(unsafe.SliceData(blocks[i]))
 		size := int(ld32(p, bhLen))
 		// Counts and flags, string bytes and identity, zero: all as the
-		// current block's but the refs count.
-		d := (ld64(p, bhEps) ^ ld64(q, bhEps)) | (ld64(p, bhStrBytes) ^ ld64(q, bhStrBytes)) | uint64(ld32(p, bhZero)^ld32(q, bhZero))
-		if d&^(0xffff<<(8*(bhRefs-bhEps))) != 0 || size > len(b)-off {
+		// current block's but the refs count, which the mask takes out
+		// of the counts word alone.
+		d := ld64(p, bhEps) ^ ld64(q, bhEps)
+		rest := (ld64(p, bhStrBytes) ^ ld64(q, bhStrBytes)) | uint64(ld32(p, bhZero)^ld32(q, bhZero))
+		if rest|d&^(0xffff<<(8*(bhRefs-bhEps))) != 0 || size > len(b)-off {
 			return false, false
 		}
 		if d |= uint64(size ^ len(blocks[i])); d == 0 {

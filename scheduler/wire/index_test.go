@@ -287,3 +287,54 @@ func TestInPlaceRefreshEqualsFreshSnapshot(t *testing.T) {
 	assert.Equal(t, rebuilds, c.Stats().Rebuilds, "no strings made again")
 	assert.Greater(t, inPlace, 30*NumSegments*9/10, "segments re-read in place")
 }
+
+// TestInPlaceRereadComparesWholeHeaderWords: the in-place re-read takes
+// a block as the current one with at most another adapter refs count
+// (whose bytes share a word with the endpoint count) only when the rest
+// of its header is the current block's: one that differs only in the
+// upper bytes of str_bytes or of the reserved zero word is left to the
+// general read (which, for an identity the cache has seen, reads its
+// values as walkSegment describes; a fresh cache refuses such a block).
+// The same value without the fault is re-read in place.
+func TestInPlaceRereadComparesWholeHeaderWords(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		at   int // the byte of the block header flipped, -1: none
+	}{
+		{"none", -1},
+		{"str_bytes byte 2", bhStrBytes + 2}, {"str_bytes byte 3", bhStrBytes + 3},
+		{"zero byte 2", bhZero + 2}, {"zero byte 3", bhZero + 3},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			st := &MemStore{}
+			w := NewWriter(testKeys, Limits{}, time.Hour)
+			require.NoError(t, w.Init(st))
+			push := func(seq uint64, marker uint32) {
+				now := at(time.Duration(seq) * time.Second)
+				_, err := w.Apply(st, agentPush(t, "node-a", seq, now, agentState("node-a", 3, marker, now)), now)
+				require.NoError(t, err)
+			}
+			push(1, 1)
+			c := NewCache(testKeys, Limits{})
+			_, _, err := c.Refresh(st)
+			require.NoError(t, err)
+			push(2, 4) // other values, the same strings and adapter lists
+			k := SegmentOf([]byte("node-a"))
+			key := testKeys.Segments[k]
+			v, _, err := st.Get(key, nil)
+			require.NoError(t, err)
+			require.Equal(t, len(v), int(le32(v, segHeaderBytes+bhLen))+segHeaderBytes, "one block")
+			if tc.at >= 0 {
+				v[segHeaderBytes+tc.at] ^= 1
+				require.NoError(t, st.Set(key, v, 0))
+				_, _, ferr := NewCache(testKeys, Limits{}).Refresh(st)
+				require.Error(t, ferr, "a fresh cache refuses the value")
+			}
+			snap, _, err := c.Refresh(st)
+			require.NoError(t, err)
+			require.Equal(t, tc.at < 0, c.segs[k].written, "re-read in place")
+			require.Len(t, snap.Endpoints, 3)
+			assert.Equal(t, 4, snap.Endpoints[0].Metrics.WaitingQueueSize, "the new values")
+		})
+	}
+}
