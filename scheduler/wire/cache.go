@@ -77,11 +77,11 @@ type segView struct {
 	off, n int         // its endpoints in Cache.all
 	newest int64       // latest received of its blocks
 
-	// flat: cur.Blocks lie back to back in buf, from its header to its
-	// end (what checkSameLayout needs); written: this read has already
-	// rewritten the segment's endpoints (no materialize); allRewritten:
-	// it rewrote every endpoint (no block unchanged).
-	flat, written, allRewritten bool
+	// contiguous: cur.Blocks lie back to back in buf, from its header
+	// to its end (what checkSameLayout needs); written: this read has
+	// already rewritten the segment's endpoints (no materialize);
+	// allRewritten: it rewrote every endpoint (no block unchanged).
+	contiguous, written, allRewritten bool
 
 	// the next value, while it is being checked
 	spare    []byte
@@ -406,7 +406,7 @@ func (c *Cache) readSegment(st Store, k int, dirGen uint32) (moved, strs bool, e
 	for i := range sv.cur.Info {
 		sv.newest = max(sv.newest, sv.cur.Info[i].Received)
 	}
-	sv.flat = isFlat(sv.buf, sv.cur.Blocks)
+	sv.contiguous = isContiguous(sv.buf, sv.cur.Blocks)
 	moved = moved || n != sv.n
 	sv.n = n
 	return moved, strs || moved, err
@@ -439,7 +439,7 @@ func (c *Cache) rereadInPlace(sv *segView, b []byte) bool {
 		int(le16(b, 8)) != len(cur) || le16(b, 10) != 0 || le32(b, 12) != 0 {
 		return false
 	}
-	resized, ok := false, sv.flat && len(b) == len(sv.buf) && c.checkSameLayout(sv, b)
+	resized, ok := false, sv.contiguous && len(b) == len(sv.buf) && c.checkSameLayout(sv, b)
 	if !ok {
 		resized, ok = c.checkInPlace(sv, b)
 	}
@@ -448,7 +448,7 @@ func (c *Cache) rereadInPlace(sv *segView, b []byte) bool {
 	}
 	// Blocks stay where they are when none changed size in a current
 	// value whose blocks lie back to back (then b has its length).
-	moved := resized || !sv.flat
+	moved := resized || !sv.contiguous
 	if cap(sv.buf) < len(b) {
 		sv.buf, sv.spare = b, sv.buf // b is sv.spare's storage, or larger
 		moved = true
@@ -458,16 +458,16 @@ func (c *Cache) rereadInPlace(sv *segView, b []byte) bool {
 	}
 	c.commitInPlace(sv, moved)
 	sv.cur.Gen = le32(b, 4)
-	sv.known, sv.changed, sv.written, sv.flat = true, true, true, true
+	sv.known, sv.changed, sv.written, sv.contiguous = true, true, true, true
 	return true
 }
 
 // checkSameLayout is checkInPlace's common case, taken when the current
-// blocks lie back to back in sv.buf (flat) and b has its length: b then
-// holds the same blocks at the same offsets when every block header has
-// the current one's size, counts and identity, which it compares as words
-// with the bytes already checked (no bounds to check: each block lies
-// where the current one does).
+// blocks lie back to back in sv.buf (contiguous) and b has its length: b
+// then holds the same blocks at the same offsets when every block header
+// has the current one's size, counts and identity, which it compares as
+// words with the bytes already checked (no bounds to check: each block
+// lies where the current one does).
 func (c *Cache) checkSameLayout(sv *segView, b []byte) bool {
 	cur, strs := sv.cur.Info, sv.strs[:len(sv.cur.Info)]
 	nb, ob := unsafe.Pointer(unsafe.SliceData(b)), unsafe.Pointer(unsafe.SliceData(sv.buf))
@@ -601,9 +601,9 @@ func (c *Cache) commitInPlace(sv *segView, moved bool) {
 	sv.newest, sv.allRewritten = newest, !kept
 }
 
-// isFlat reports whether blocks lie back to back in buf, from the segment
-// header to its end.
-func isFlat(buf []byte, blocks []Block) bool {
+// isContiguous reports whether blocks lie back to back in buf, from the
+// segment header to its end.
+func isContiguous(buf []byte, blocks []Block) bool {
 	off := segHeaderBytes
 	for _, blk := range blocks {
 		if off >= len(buf) || unsafe.SliceData(blk) != &buf[off] {
@@ -762,9 +762,9 @@ func setList(dst *[]string, l []string) {
 // setUnixNano) come from the receipt's, without a division per endpoint,
 // when the age is under a second.
 func rewriteValues(eps []scheduler.Endpoint, recs unsafe.Pointer, recv int64) {
-	sec, nsec, fast := recv/1e9+unixToInternal, recv%1e9, uint64(1e9)
+	sec, nsec, maxFastAge := recv/1e9+unixToInternal, recv%1e9, uint64(1e9)
 	if recv < 1e9 {
-		fast = 0 // not a receipt time of this century: every time the general way
+		maxFastAge = 0 // not a receipt time of this century: every time the general way
 	}
 	q := recs
 	for r := range eps {
@@ -776,7 +776,7 @@ func rewriteValues(eps []scheduler.Endpoint, recs unsafe.Pointer, recv int64) {
 		m.RoutedSinceUpdate = 0
 		age, t := int64(ld64(q, erAge)), (*timeWords)(unsafe.Pointer(&m.UpdateTime))
 		q = unsafe.Add(q, recordBytes)
-		if t.loc != unixLoc || uint64(age) >= fast {
+		if t.loc != unixLoc || uint64(age) >= maxFastAge {
 			setUnixNano(&m.UpdateTime, clampTime(recv-age))
 			continue
 		}
