@@ -252,7 +252,7 @@ func TestWriterChecksValuesOfKnownBlocks(t *testing.T) {
 		{"negative age", func(b []byte) { binary.LittleEndian.PutUint64(b[rec+erAge:], 1<<63) }, ErrInvalidField, "negative"},
 		{"unknown scrape status", func(b []byte) { b[rec+erLastError] = 200 }, ErrInvalidField, "unknown scrape status"},
 		{"padding", func(b []byte) { b[rec+erZero+3] = 1 }, ErrInvalidField, "padding"},
-		{"string lengths off", func(b []byte) { b[lens+1]++; b[lens+2]-- }, ErrInvalidField, ""},
+		{"string lengths off", func(b []byte) { b[lens+1]++; b[lens+2]-- }, ErrInvalidField, "endpoints not sorted and unique"},
 		{"string lengths sum", func(b []byte) { b[lens+1]++ }, ErrInvalidField, "add up"},
 		{"name index past the table", func(b []byte) { binary.LittleEndian.PutUint16(b[rec+erName:], 999) }, ErrInvalidField, "string index"},
 		{"port 0", func(b []byte) { binary.LittleEndian.PutUint16(b[rec+erPort:], 0) }, ErrInvalidField, "port 0"},
