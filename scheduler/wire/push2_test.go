@@ -284,6 +284,7 @@ func TestWriterChecksValuesOfKnownBlocks(t *testing.T) {
 	s, err := w.Apply(st, next, at(time.Second))
 	require.NoError(t, err)
 	assert.Equal(t, 2, s.Accepted)
+	assert.Equal(t, 2, s.Compared, "both blocks checked by comparison")
 	renamed := relay(t, "agg-0", at(2*time.Second),
 		agentPush(t, "node-a", 3, at(2*time.Second), agentState("node-a", 3, 5, at(2*time.Second))),
 		agentPush(t, "node-b", 3, at(2*time.Second), agentState("node-b", 2, 5, at(2*time.Second))))

@@ -107,7 +107,9 @@ func (w *Writer) takeBlocks(st Store, body []byte, off, nb int, stats *ApplyStat
 				}
 			}
 		}
-		if !checked {
+		if checked {
+			stats.Compared++
+		} else {
 			if fast { // the string lengths' sum too, and its error
 				if _, err := checkHeader(b, lim, inPush, "push.blocks", i, off); err != nil {
 					return off, err

@@ -100,6 +100,9 @@ type ApplyStats struct {
 	Segments, Retries int
 	// Reset counts stored values that could not be read and were replaced.
 	Reset int
+	// Compared counts blocks checked by comparison with the stored block
+	// of the same identity (take.go) rather than by every check.
+	Compared int
 }
 
 // NewWriter returns a writer for keys. lim bounds pushes and what is
