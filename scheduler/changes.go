@@ -24,6 +24,10 @@ type changeLog struct {
 // between two decisions is still applied change by change.
 const minChangeRing = 64
 
+// oneByOne is how many metric changes to n endpoints are still worth
+// applying to an index one by one: the change ring's size.
+func oneByOne(n int) int { return max(minChangeRing, n/4) }
+
 var snapshotIDs atomic.Uint64
 
 // MetricsChanged records that Endpoints[i].Metrics was rewritten in place
@@ -45,7 +49,7 @@ func (s *Snapshot) MetricsChangedRange(from, to int) {
 		return
 	}
 	if l.ring == nil {
-		l.ring = make([]int32, max(minChangeRing, len(s.Endpoints)/4))
+		l.ring = make([]int32, oneByOne(len(s.Endpoints)))
 	}
 	n := uint64(len(l.ring))
 	if uint64(to-from) > n {

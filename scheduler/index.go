@@ -257,14 +257,14 @@ func (x *snapIndex) settled(w waiting) bool {
 	if !w.churn || !v.churn || w.id != v.id || w.n != v.n || w.base != v.base || w.gen < v.gen {
 		return false
 	}
-	return w.gen-v.gen <= uint64(max(minChangeRing, x.n/4))
+	return w.gen-v.gen <= uint64(oneByOne(x.n))
 }
 
 // churned reports whether more metric changes are pending in l than are
 // worth applying one by one.
 func (x *snapIndex) churned(l *changeLog) bool {
 	pending := l.gen - x.gen
-	return pending > uint64(len(l.ring)) || pending > uint64(max(minChangeRing, x.n/4))
+	return pending > uint64(len(l.ring)) || pending > uint64(oneByOne(x.n))
 }
 
 // applyChanges applies the metric changes reported since the index last
@@ -519,7 +519,7 @@ func (x *snapIndex) reevaluate(snap *Snapshot, oldest time.Time) {
 			flips++
 		}
 	}
-	if flips > max(minChangeRing, x.n/4) {
+	if flips > oneByOne(x.n) {
 		x.build(snap, x.id, oldest)
 		return
 	}
