@@ -126,6 +126,9 @@ func (b *kvBlock) inFIFO() bool { return b.state < 0 }
 // fifoPlace is the FIFO slot of a block in the FIFO.
 func (b *kvBlock) fifoPlace() uint64 { return uint64(-1 - b.state) }
 
+// setFIFOPlace records that the block sits in FIFO slot slot.
+func (b *kvBlock) setFIFOPlace(slot uint64) { b.state = -1 - int32(slot) }
+
 // hashOf is record b's block hash, 0 for none (no block hash is 0).
 func (p *blockPool) hashOf(b int32) uint64 {
 	blk := &p.blocks[b]
@@ -304,7 +307,7 @@ func (p *blockPool) pushBack(e int32) {
 	}
 	p.fifo[p.fifoTail&p.fifoMask] = e
 	if e >= 0 {
-		p.blocks[e].state = -1 - int32(p.fifoTail&p.fifoMask)
+		p.blocks[e].setFIFOPlace(p.fifoTail & p.fifoMask)
 	}
 	p.fifoTail++
 }
@@ -373,7 +376,7 @@ func (p *blockPool) compactFIFO() {
 			p.dropRun(-2 - e)
 			continue
 		case e >= 0:
-			p.blocks[e].state = -1 - int32(w&p.fifoMask)
+			p.blocks[e].setFIFOPlace(w & p.fifoMask)
 		}
 		p.fifo[w&p.fifoMask] = e
 		w++
@@ -485,10 +488,10 @@ func (p *blockPool) cacheBlocks(blocks []int32, hashes []uint64, from int, run *
 	// never moved while the request caches. The check is of memory, not
 	// values: the view's new hashes are the list's own.
 	n := len(r.hashes)
-	r.hashes = r.hashes[:n+len(blocks)]
-	if from+len(blocks) > len(hashes) || &r.hashes[n] != &hashes[from] {
+	if from+len(blocks) > len(hashes) || n+len(blocks) > cap(r.hashes) || &r.hashes[:n+1][n] != &hashes[from] {
 		panic("vllmsim: a hash run's view is not of its request's hash list")
 	}
+	r.hashes = r.hashes[:n+len(blocks)]
 	r.blocks = append(r.blocks, blocks...)
 	r.live += int32(len(blocks))
 	for k, b := range blocks {
