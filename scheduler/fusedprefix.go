@@ -1,9 +1,6 @@
 package scheduler
 
-import (
-	"math"
-	"time"
-)
+import "math"
 
 // The fused prefix-aware path: the profile [shed-filter,]
 // prefix-affinity-filter, scorers of the five kinds (scoreSpec), max-score
@@ -97,12 +94,7 @@ func (fp *fusedPrefix) schedule(s *Scheduler, c *Cycle, snap *Snapshot) (Result,
 	// Scheduler.collect lists them), those the shed-filter keeps, their
 	// matches, and what the affinity filter sums over them.
 	res := Result{Index: -1}
-	var oldest time.Time
 	staleness := s.staleAfter > 0
-	if staleness {
-		oldest = c.Now().Add(-s.staleAfter)
-	}
-	fa := newFreshAt(oldest) // as the index's flat read compares (fastflat.go)
 	shedding := fp.shed != nil && req.shed()
 	shedQ, shedKV := math.MaxInt, math.Inf(1)
 	if shedding {
@@ -127,6 +119,7 @@ func (fp *fusedPrefix) schedule(s *Scheduler, c *Cycle, snap *Snapshot) (Result,
 			fp.fresh = make([]uint8, len(eps))
 		}
 		fresh = fp.fresh[:len(eps)]
+		fa := newFreshAt(c.Now().Add(-s.staleAfter)) // as the index's flat read compares (fastflat.go)
 		stale = freshFlags(eps, &fa, fresh)
 	}
 	if cap(fp.cands) < len(eps) {
