@@ -224,14 +224,17 @@ func (x *snapIndex) sync(snap *Snapshot, c *Cycle, flatOK bool) bool {
 		if churn {
 			w.gen = l.gen
 		}
-		if w != x.wait && !x.eager && !x.settled(w) {
+		if w != x.wait && x.settled(w) {
+			x.wait.gen = w.gen // the same metrics: a look at them, from here
+		}
+		if w != x.wait && !x.eager {
 			if churn {
 				x.churnRun = x.looks - 1
 			}
 			x.wait, x.looks = w, 1
 			return churn && flatOK && x.flatRead(snap, oldest)
 		}
-		if churn && !x.eager && w == x.wait && x.churnRun < churnBuildLooks && x.looks < churnBuildLooks {
+		if churn && !x.eager && x.churnRun < churnBuildLooks && x.looks < churnBuildLooks {
 			// churn faster than decisions: a rebuild would not pay
 			return flatOK && x.flatRead(snap, oldest)
 		}
@@ -247,11 +250,11 @@ func (x *snapIndex) sync(snap *Snapshot, c *Cycle, flatOK bool) bool {
 // waits on (x.wait) followed by no more changes than are worth applying
 // one by one: the churn stopped, and what came since is what the index,
 // once built, follows change by change (heartbeats after a full relay).
-// It counts as the second look at one state: without it, an index behind
-// by churn stays behind for as long as each decision finds a few new
-// changes (a relay of heartbeats per decision), as the pending changes
-// are counted from the index's own generation, which only a build
-// advances.
+// sync counts it as another look at the state it waits on, and counts
+// later changes from there. Without it, an index behind by churn stays
+// behind for as long as each decision finds a few new changes (a relay of
+// heartbeats per decision), as the pending changes are counted from the
+// index's own generation, which only a build advances.
 func (x *snapIndex) settled(w waiting) bool {
 	v := x.wait
 	if !w.churn || !v.churn || w.id != v.id || w.n != v.n || w.base != v.base || w.gen < v.gen {
