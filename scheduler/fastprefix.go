@@ -292,7 +292,7 @@ func (fp *fastPrefix) rendezvous(x *snapIndex, t *PrefixTracker, positions []int
 // matchesIn lists the tracker's matches by snapshot position (ascending)
 // into fp.matches, and reports whether the tracker was prepared on snap.
 func (fp *fastPrefix) matchesIn(t *PrefixTracker, snap *Snapshot) bool {
-	if t.snap != snap || t.n != len(snap.Endpoints) || (t.n > 0 && t.first != &snap.Endpoints[0]) {
+	if !t.preparedOn(snap) {
 		return false
 	}
 	b := &fp.byKeyFor
