@@ -86,7 +86,7 @@ func FuzzScanJSON(f *testing.F) {
 	}
 	f.Fuzz(func(t *testing.T, doc []byte) {
 		var members []member
-		ok, jerr := scanJSON(doc, func(m member) bool {
+		ok, _, jerr := scanJSON(doc, func(m member) bool {
 			members = append(members, m)
 			return true
 		})

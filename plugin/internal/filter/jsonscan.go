@@ -49,16 +49,11 @@ type member struct {
 // scanJSON validates doc and calls onMember for every member of the
 // top-level object, in document order (nothing when the top level is not an
 // object). onMember may return false to abandon the scan early; the result
-// is then (false, nil) and the document is not fully validated.
-func scanJSON(doc []byte, onMember func(m member) bool) (ok bool, err *jsonError) {
-	ok, _, err = scanJSONEscapes(doc, onMember)
-	return ok, err
-}
-
-// scanJSONEscapes is scanJSON that also reports whether any string (key or
-// value) held a backslash escape: a valid document without one holds no
-// backslash at all, which the prefix hasher can use.
-func scanJSONEscapes(doc []byte, onMember func(m member) bool) (ok, escapes bool, err *jsonError) {
+// is then (false, false, nil) and the document is not fully validated.
+// escapes reports whether any string (key or value) held a backslash
+// escape: a valid document without one holds no backslash at all, which
+// the prefix hasher can use.
+func scanJSON(doc []byte, onMember func(m member) bool) (ok, escapes bool, err *jsonError) {
 	// stack holds one bit per open container: 1 object, 0 array.
 	var stack [maxJSONDepth / 64]uint64
 	depth := 0
@@ -189,7 +184,7 @@ func scanJSONEscapes(doc []byte, onMember func(m member) bool) (ok, escapes bool
 	}
 }
 
-// fail3 is a failed scan of scanJSONEscapes.
+// fail3 is a failed scan of scanJSON.
 func fail3(kind jsonErrorKind, at int) (bool, bool, *jsonError) {
 	return false, false, &jsonError{kind: kind, offset: at}
 }

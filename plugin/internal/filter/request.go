@@ -154,7 +154,7 @@ func parseRequest(body []byte, maxModelLen int, known func([]byte) (string, bool
 	var spans [numFields]member
 	var seen [numFields]bool
 	var dup = -1
-	ok, escapes, jerr := scanJSONEscapes(body, func(m member) bool {
+	ok, escapes, jerr := scanJSON(body, func(m member) bool {
 		f := fieldOf(body, m)
 		if f < 0 {
 			return true

@@ -132,7 +132,7 @@ func TestScanJSONMatchesEncodingJSON(t *testing.T) {
 		`"a\"b"`, `"a\\"`, `"a\\\"`, `{"\\":"\\"}`, `1 2`, `{}}`, `[]]`, `{]`, `[}`,
 	}
 	for _, d := range docs {
-		ok, _ := scanJSON([]byte(d), func(member) bool { return true })
+		ok, _, _ := scanJSON([]byte(d), func(member) bool { return true })
 		assert.Equal(t, json.Valid([]byte(d)), ok, "%q", d)
 	}
 }
@@ -140,7 +140,7 @@ func TestScanJSONMatchesEncodingJSON(t *testing.T) {
 func TestScanJSONMembers(t *testing.T) {
 	doc := []byte(`{"a":1, "b" : {"c":[2,{"d":3}]} ,"e":"x","f":[]}`)
 	var got []string
-	ok, err := scanJSON(doc, func(m member) bool {
+	ok, _, err := scanJSON(doc, func(m member) bool {
 		got = append(got, string(doc[m.keyStart:m.keyEnd])+"="+string(doc[m.start:m.end]))
 		return true
 	})
