@@ -1,7 +1,6 @@
 package scheduler
 
 import (
-	"math"
 	"math/rand/v2"
 	"time"
 )
@@ -133,9 +132,12 @@ func (s *CycleState) reset() {
 // careless in-process callers; reading it as 1 keeps every "least" filter
 // non-empty on a non-empty input and keeps such endpoints from being
 // preferred.
-func kvUsage(e *Endpoint) float64 {
-	u := e.Metrics.KVCacheUsage
-	if math.IsNaN(u) {
+func kvUsage(e *Endpoint) float64 { return kvValue(e.Metrics.KVCacheUsage) }
+
+// kvValue is kvUsage's rule on a KV-cache usage read already (the flat and
+// fused passes read the metrics once): NaN as 1.
+func kvValue(u float64) float64 {
+	if u != u { // NaN
 		return 1
 	}
 	return u

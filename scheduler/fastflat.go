@@ -241,10 +241,7 @@ func (x *snapIndex) flatRead(snap *Snapshot, oldest time.Time) bool {
 	bad := 0
 	for i := range eps {
 		m := &eps[i].Metrics
-		q, run, u := m.WaitingQueueSize, m.RunningQueueSize, m.KVCacheUsage
-		if u != u {
-			u = 1 // kvUsage
-		}
+		q, run, u := m.WaitingQueueSize, m.RunningQueueSize, kvValue(m.KVCacheUsage)
 		u += 0 // -0 as +0
 		w[i], r[i], kv[i] = q, run, u
 		b := one(uint(q+badMagnitude) > 2*badMagnitude) | one(uint(run+badMagnitude) > 2*badMagnitude) | one(math.IsInf(u, 0))

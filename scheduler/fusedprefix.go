@@ -132,10 +132,7 @@ func (fp *fusedPrefix) schedule(s *Scheduler, c *Cycle, snap *Snapshot) (Result,
 		if staleness && fresh[i] == 0 {
 			continue
 		}
-		kv := m.KVCacheUsage
-		if kv != kv {
-			kv = 1 // kvUsage
-		}
+		kv := kvValue(m.KVCacheUsage)
 		w := m.WaitingQueueSize
 		if w > shedQ || kv > shedKV {
 			continue // shed-filter
