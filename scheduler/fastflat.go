@@ -5,6 +5,8 @@ import (
 	"math"
 	"time"
 	"unsafe"
+
+	"github.com/wasm-epp/wasm-epp/scheduler/internal/timewords"
 )
 
 // Flat decisions: the fast paths on values read from every endpoint for
@@ -270,26 +272,15 @@ type freshAt struct {
 	lo, hi int64
 }
 
-// timeWords is time.Time's layout: wall holds the nanoseconds (and, with
-// hasMonotonic, the seconds since 1885 in 33 bits), ext the seconds since
-// year 1 when hasMonotonic is clear (TestFreshAtIsNotBefore).
-type timeWords struct {
-	wall uint64
-	ext  int64
-	loc  unsafe.Pointer
-}
-
-const hasMonotonic = 1 << 63
-
 func newFreshAt(oldest time.Time) freshAt {
 	w := oldest.Round(0) // the wall clock alone
-	tw := (*timeWords)(unsafe.Pointer(&w))
-	fa := freshAt{oldest: oldest, sec: tw.ext, nsec: tw.wall, lo: math.MinInt64, hi: math.MaxInt64}
-	if tw.ext >= math.MinInt64+secondsClamp {
-		fa.lo = tw.ext - secondsClamp
+	tw := timewords.Of(&w)
+	fa := freshAt{oldest: oldest, sec: tw.Ext, nsec: tw.Wall, lo: math.MinInt64, hi: math.MaxInt64}
+	if tw.Ext >= math.MinInt64+secondsClamp {
+		fa.lo = tw.Ext - secondsClamp
 	}
-	if tw.ext <= math.MaxInt64-secondsClamp {
-		fa.hi = tw.ext + secondsClamp
+	if tw.Ext <= math.MaxInt64-secondsClamp {
+		fa.hi = tw.Ext + secondsClamp
 	}
 	return fa
 }
@@ -300,21 +291,21 @@ func newFreshAt(oldest time.Time) freshAt {
 const secondsClamp = 1 << 32
 
 // monotonic reports whether t carries a monotonic reading.
-func monotonic(t *time.Time) bool { return (*timeWords)(unsafe.Pointer(t)).wall&hasMonotonic != 0 }
+func monotonic(t *time.Time) bool { return timewords.Of(t).Wall&timewords.HasMonotonic != 0 }
 
 // freshWall is 1 when t, which carries no monotonic reading, is not
 // before the oldest fresh time, else 0. (A function that also took the
 // monotonic case would not be inlined; callers test monotonic first.)
 func (fa *freshAt) freshWall(t *time.Time) int {
-	tw := (*timeWords)(unsafe.Pointer(t))
+	tw := timewords.Of(t)
 	// The sign of (t − oldest), a second counting 2³⁰ ns (more than the
 	// nanoseconds' range, so the seconds decide unless equal). t's
 	// seconds are clamped to oldest's ± 2³² before the subtraction, which
 	// then cannot overflow; a t that is clamped lies more than 2³² s from
 	// oldest (a bound saturated at an int64 limit clamps nothing), so the
 	// difference keeps its sign.
-	d := min(max(tw.ext, fa.lo), fa.hi) - fa.sec
-	return int(uint64(d<<30+int64(tw.wall)-int64(fa.nsec))>>63) ^ 1
+	d := min(max(tw.Ext, fa.lo), fa.hi) - fa.sec
+	return int(uint64(d<<30+int64(tw.Wall)-int64(fa.nsec))>>63) ^ 1
 }
 
 // freshMono is freshWall for a t with a monotonic reading, by Before.
@@ -337,12 +328,12 @@ func freshFlags(eps []Endpoint, fa *freshAt, dst []uint8) int {
 	fresh := 0
 	for i := range eps {
 		t := &eps[i].Metrics.UpdateTime
-		mono |= (*timeWords)(unsafe.Pointer(t)).wall
+		mono |= timewords.Of(t).Wall
 		f := fa.freshWall(t)
 		dst[i] = uint8(f)
 		fresh += f
 	}
-	if mono&hasMonotonic != 0 {
+	if mono&timewords.HasMonotonic != 0 {
 		fresh = 0
 		for i := range eps {
 			if t := &eps[i].Metrics.UpdateTime; monotonic(t) {

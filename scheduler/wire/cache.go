@@ -10,6 +10,7 @@ import (
 	"unsafe"
 
 	"github.com/wasm-epp/wasm-epp/scheduler"
+	"github.com/wasm-epp/wasm-epp/scheduler/internal/timewords"
 )
 
 // Cache is a router's view of layout version 2: a scheduler.Snapshot kept
@@ -779,15 +780,15 @@ func rewriteValues(eps []scheduler.Endpoint, recs unsafe.Pointer, recv int64) {
 		m.KVCacheUsage = math.Float64frombits(ld64(q, erKV))
 		m.MaxActiveModels = int(ld32(q, erMaxAdapters))
 		m.RoutedSinceUpdate = 0
-		age, t := int64(ld64(q, erAge)), (*timeWords)(unsafe.Pointer(&m.UpdateTime))
+		age, t := int64(ld64(q, erAge)), timewords.Of(&m.UpdateTime)
 		q = unsafe.Add(q, recordBytes)
-		if t.loc != unixLoc || uint64(age) >= maxFastAge {
+		if t.Loc != unixLoc || uint64(age) >= maxFastAge {
 			setUnixNano(&m.UpdateTime, clampTime(recv-age))
 			continue
 		}
 		ns := nsec - age
 		borrow := ns >> 63 // -1 when the age reaches into the second before
-		t.wall, t.ext = uint64(ns+borrow&1e9), sec+borrow
+		t.Wall, t.Ext = uint64(ns+borrow&1e9), sec+borrow
 	}
 }
 
@@ -870,20 +871,13 @@ func newerReport(a, b *scheduler.Endpoint) bool {
 	return a.Port < b.Port
 }
 
-// timeWords is time.Time's layout (checked by TestSetTimeKeepsTheInstant).
-type timeWords struct {
-	wall uint64
-	ext  int64
-	loc  unsafe.Pointer
-}
-
 // unixLoc and unixToInternal are the location and the seconds offset of
 // what time.Unix returns, taken from it: setUnixNano writes those words
 // directly (TestSetUnixNanoIsTimeUnix).
 var unixLoc, unixToInternal = func() (unsafe.Pointer, int64) {
 	t := time.Unix(0, 0)
-	w := (*timeWords)(unsafe.Pointer(&t))
-	return w.loc, w.ext
+	w := timewords.Of(&t)
+	return w.Loc, w.Ext
 }()
 
 // setUnixNano stores time.Unix(0, ns) in *dst for ns > 0. When *dst
@@ -891,12 +885,12 @@ var unixLoc, unixToInternal = func() (unsafe.Pointer, int64) {
 // first, it writes the two words without pointers (see setTime) and
 // without time.Unix's normalising branches.
 func setUnixNano(dst *time.Time, ns int64) {
-	d := (*timeWords)(unsafe.Pointer(dst))
-	if d.loc != unixLoc || ns <= 0 {
+	d := timewords.Of(dst)
+	if d.Loc != unixLoc || ns <= 0 {
 		setTime(dst, time.Unix(0, ns))
 		return
 	}
-	d.wall, d.ext = uint64(ns%1e9), ns/1e9+unixToInternal
+	d.Wall, d.Ext = uint64(ns%1e9), ns/1e9+unixToInternal
 }
 
 // setTime stores t in *dst. When *dst already has t's location, as every
@@ -905,10 +899,10 @@ func setUnixNano(dst *time.Time, ns int64) {
 // guest's collector marks, which in the Wasm guest was most of a
 // re-read's endpoint rewrite (BENCHMARKS.md).
 func setTime(dst *time.Time, t time.Time) {
-	d, s := (*timeWords)(unsafe.Pointer(dst)), (*timeWords)(unsafe.Pointer(&t))
-	if d.loc != s.loc {
+	d, s := timewords.Of(dst), timewords.Of(&t)
+	if d.Loc != s.Loc {
 		*dst = t
 		return
 	}
-	d.wall, d.ext = s.wall, s.ext
+	d.Wall, d.Ext = s.Wall, s.Ext
 }

@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/wasm-epp/wasm-epp/scheduler"
+	"github.com/wasm-epp/wasm-epp/scheduler/internal/timewords"
 )
 
 // The scheduler indexes large snapshots, and the cache rewrites its
@@ -169,10 +170,10 @@ func TestNewStringTableKeepsEndpointIdentities(t *testing.T) {
 }
 
 // TestSetTimeKeepsTheInstant: setTime relies on time.Time's layout
-// (timeWords); whichever store it takes, the result is the instant and
+// (timewords.Words); whichever store it takes, the result is the instant and
 // location stored.
 func TestSetTimeKeepsTheInstant(t *testing.T) {
-	require.Equal(t, unsafe.Sizeof(timeWords{}), unsafe.Sizeof(time.Time{}))
+	require.Equal(t, unsafe.Sizeof(timewords.Words{}), unsafe.Sizeof(time.Time{}))
 	var dst time.Time
 	for _, v := range []time.Time{
 		time.Unix(0, 1), time.Unix(1_700_000_000, 123_456_789), time.Unix(0, 5).UTC(),
@@ -193,7 +194,7 @@ func TestSetUnixNanoIsTimeUnix(t *testing.T) {
 		setUnixNano(&dst, ns)
 		want := time.Unix(0, ns)
 		require.Equal(t, want, dst, "ns %d", ns)
-		require.Equal(t, unixLoc, (*timeWords)(unsafe.Pointer(&dst)).loc)
+		require.Equal(t, unixLoc, timewords.Of(&dst).Loc)
 	}
 	dst = time.Unix(0, 5).UTC() // another location: taken whole
 	setUnixNano(&dst, 7)
